@@ -1,0 +1,263 @@
+#pragma once
+
+/// \file
+/// The public collective functions. Each one is thin: it describes the user's
+/// tensors as untyped buffers, validates them (detail/validate.hpp) and hands the
+/// resulting `collective_call` to the backend's `execute` (blocking) or `submit`
+/// (the `_async` forms, which return the backend's request type).
+///
+/// Blocking forms return when this rank's part is complete: its output is final
+/// and its input may be reused.
+
+#include "unison/comm/communicator.hpp"
+#include "unison/comm/detail/validate.hpp"
+
+#include <cstddef>
+#include <span>
+
+namespace unison {
+
+namespace detail {
+template <communicator C>
+call_site site(const C& comm, operation op) {
+    return {comm.rank(), comm.size(), op};
+}
+
+/// `buffer` for block `index` of `blocks` equal blocks of `whole`, for the in-place
+/// forms of reduce_scatter and all_gather.
+inline buffer block_of(const call_site& site, const buffer& whole) {
+    check_divisible(site, whole.count, whole.type);
+    const std::size_t n = whole.count / static_cast<std::size_t>(site.size);
+    auto* base = static_cast<std::byte*>(whole.data);
+    return {base == nullptr ? nullptr
+                            : base + static_cast<std::size_t>(site.rank) * n * size_of(whole.type),
+            n, whole.type, whole.location};
+}
+} // namespace detail
+
+// ---------------------------------------------------------------- all_reduce
+
+/// out = in reduced with `op` over all ranks. `in` and `out` hold the same count.
+template <communicator C, tensor In, writable_tensor Out>
+void all_reduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum) {
+    comm.execute(detail::all_reduce_call(detail::site(comm, operation::all_reduce),
+                                         as_const_buffer(in), as_buffer(out), op));
+}
+/// In place: `inout` = `inout` reduced with `op` over all ranks.
+template <communicator C, writable_tensor InOut>
+void all_reduce(C& comm, InOut&& inout, reduce_op op = reduce_op::sum) {
+    const buffer b = as_buffer(inout);
+    comm.execute(detail::all_reduce_call(detail::site(comm, operation::all_reduce), b, b, op));
+}
+/// Non-blocking all_reduce; buffers must stay alive and untouched until the request completes.
+template <communicator C, tensor In, writable_tensor Out>
+[[nodiscard]] typename C::request_type all_reduce_async(C& comm, const In& in, Out&& out,
+                                                        reduce_op op = reduce_op::sum) {
+    return comm.submit(detail::all_reduce_call(detail::site(comm, operation::all_reduce),
+                                               as_const_buffer(in), as_buffer(out), op));
+}
+/// Non-blocking in-place all_reduce.
+template <communicator C, writable_tensor InOut>
+[[nodiscard]] typename C::request_type all_reduce_async(C& comm, InOut&& inout,
+                                                        reduce_op op = reduce_op::sum) {
+    const buffer b = as_buffer(inout);
+    return comm.submit(
+        detail::all_reduce_call(detail::site(comm, operation::all_reduce), b, b, op));
+}
+
+// ------------------------------------------------------------ reduce_scatter
+
+/// `in` (size * n elements) reduced over all ranks; this rank receives block
+/// `rank()` of the result in `out` (n elements).
+template <communicator C, tensor In, writable_tensor Out>
+void reduce_scatter(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum) {
+    comm.execute(detail::reduce_scatter_call(detail::site(comm, operation::reduce_scatter),
+                                             as_const_buffer(in), as_buffer(out), op, false));
+}
+/// In place: block `rank()` of `inout` receives the reduced block; other blocks are unspecified.
+template <communicator C, writable_tensor InOut>
+void reduce_scatter(C& comm, InOut&& inout, reduce_op op = reduce_op::sum) {
+    const auto s = detail::site(comm, operation::reduce_scatter);
+    const buffer whole = as_buffer(inout);
+    comm.execute(detail::reduce_scatter_call(s, whole, detail::block_of(s, whole), op, true));
+}
+/// Non-blocking reduce_scatter.
+template <communicator C, tensor In, writable_tensor Out>
+[[nodiscard]] typename C::request_type reduce_scatter_async(C& comm, const In& in, Out&& out,
+                                                            reduce_op op = reduce_op::sum) {
+    return comm.submit(detail::reduce_scatter_call(detail::site(comm, operation::reduce_scatter),
+                                                   as_const_buffer(in), as_buffer(out), op, false));
+}
+/// Non-blocking in-place reduce_scatter.
+template <communicator C, writable_tensor InOut>
+[[nodiscard]] typename C::request_type reduce_scatter_async(C& comm, InOut&& inout,
+                                                            reduce_op op = reduce_op::sum) {
+    const auto s = detail::site(comm, operation::reduce_scatter);
+    const buffer whole = as_buffer(inout);
+    return comm.submit(detail::reduce_scatter_call(s, whole, detail::block_of(s, whole), op, true));
+}
+
+// ---------------------------------------------------------------- all_gather
+
+/// `out` (size * n elements) = every rank's `in` (n elements), in rank order.
+template <communicator C, tensor In, writable_tensor Out>
+void all_gather(C& comm, const In& in, Out&& out) {
+    comm.execute(detail::all_gather_call(detail::site(comm, operation::all_gather),
+                                         as_const_buffer(in), as_buffer(out), false));
+}
+/// In place: this rank's input is block `rank()` of `inout`.
+template <communicator C, writable_tensor InOut>
+void all_gather(C& comm, InOut&& inout) {
+    const auto s = detail::site(comm, operation::all_gather);
+    const buffer whole = as_buffer(inout);
+    comm.execute(detail::all_gather_call(s, detail::block_of(s, whole), whole, true));
+}
+/// Non-blocking all_gather.
+template <communicator C, tensor In, writable_tensor Out>
+[[nodiscard]] typename C::request_type all_gather_async(C& comm, const In& in, Out&& out) {
+    return comm.submit(detail::all_gather_call(detail::site(comm, operation::all_gather),
+                                               as_const_buffer(in), as_buffer(out), false));
+}
+/// Non-blocking in-place all_gather.
+template <communicator C, writable_tensor InOut>
+[[nodiscard]] typename C::request_type all_gather_async(C& comm, InOut&& inout) {
+    const auto s = detail::site(comm, operation::all_gather);
+    const buffer whole = as_buffer(inout);
+    return comm.submit(detail::all_gather_call(s, detail::block_of(s, whole), whole, true));
+}
+
+/// All-gather with per-rank counts: rank r contributes `counts[r]` elements and
+/// `out` receives them concatenated in rank order. Every rank passes the same counts.
+template <communicator C, tensor In, writable_tensor Out>
+void all_gatherv(C& comm, const In& in, Out&& out, std::span<const std::size_t> counts) {
+    comm.execute(detail::all_gatherv_call(detail::site(comm, operation::all_gatherv),
+                                          as_const_buffer(in), as_buffer(out), counts));
+}
+/// Non-blocking all_gatherv; `counts` must also outlive the request.
+template <communicator C, tensor In, writable_tensor Out>
+[[nodiscard]] typename C::request_type all_gatherv_async(C& comm, const In& in, Out&& out,
+                                                         std::span<const std::size_t> counts) {
+    return comm.submit(detail::all_gatherv_call(detail::site(comm, operation::all_gatherv),
+                                                as_const_buffer(in), as_buffer(out), counts));
+}
+
+// ----------------------------------------------------------------- broadcast
+
+/// In place: every rank's `inout` receives rank `root`'s.
+template <communicator C, writable_tensor InOut>
+void broadcast(C& comm, InOut&& inout, int root) {
+    const buffer b = as_buffer(inout);
+    comm.execute(detail::broadcast_call(detail::site(comm, operation::broadcast), b, b, root));
+}
+/// `out` on every rank receives `in` of rank `root` (`in` is read on the root only).
+template <communicator C, tensor In, writable_tensor Out>
+void broadcast(C& comm, const In& in, Out&& out, int root) {
+    comm.execute(detail::broadcast_call(detail::site(comm, operation::broadcast),
+                                        as_const_buffer(in), as_buffer(out), root));
+}
+/// Non-blocking in-place broadcast.
+template <communicator C, writable_tensor InOut>
+[[nodiscard]] typename C::request_type broadcast_async(C& comm, InOut&& inout, int root) {
+    const buffer b = as_buffer(inout);
+    return comm.submit(
+        detail::broadcast_call(detail::site(comm, operation::broadcast), b, b, root));
+}
+/// Non-blocking broadcast.
+template <communicator C, tensor In, writable_tensor Out>
+[[nodiscard]] typename C::request_type broadcast_async(C& comm, const In& in, Out&& out, int root) {
+    return comm.submit(detail::broadcast_call(detail::site(comm, operation::broadcast),
+                                              as_const_buffer(in), as_buffer(out), root));
+}
+
+// -------------------------------------------------------------------- reduce
+
+/// `out` on rank `root` = `in` reduced over all ranks; `out` is not written elsewhere
+/// (non-root ranks may pass an empty `unison::buffer{}`).
+template <communicator C, tensor In, writable_tensor Out>
+void reduce(C& comm, const In& in, Out&& out, int root, reduce_op op = reduce_op::sum) {
+    comm.execute(detail::reduce_call(detail::site(comm, operation::reduce), as_const_buffer(in),
+                                     as_buffer(out), root, op));
+}
+/// In place: `inout` on rank `root` receives the reduction; elsewhere it is unchanged.
+template <communicator C, writable_tensor InOut>
+void reduce(C& comm, InOut&& inout, int root, reduce_op op = reduce_op::sum) {
+    const buffer b = as_buffer(inout);
+    comm.execute(detail::reduce_call(detail::site(comm, operation::reduce), b, b, root, op));
+}
+/// Non-blocking reduce.
+template <communicator C, tensor In, writable_tensor Out>
+[[nodiscard]] typename C::request_type reduce_async(C& comm, const In& in, Out&& out, int root,
+                                                    reduce_op op = reduce_op::sum) {
+    return comm.submit(detail::reduce_call(detail::site(comm, operation::reduce),
+                                           as_const_buffer(in), as_buffer(out), root, op));
+}
+/// Non-blocking in-place reduce.
+template <communicator C, writable_tensor InOut>
+[[nodiscard]] typename C::request_type reduce_async(C& comm, InOut&& inout, int root,
+                                                    reduce_op op = reduce_op::sum) {
+    const buffer b = as_buffer(inout);
+    return comm.submit(detail::reduce_call(detail::site(comm, operation::reduce), b, b, root, op));
+}
+
+// ---------------------------------------------------------------- all_to_all
+
+/// Block q of `in` goes to rank q, where it lands as block `rank()` of `out`.
+/// Both hold size * n elements.
+template <communicator C, tensor In, writable_tensor Out>
+void all_to_all(C& comm, const In& in, Out&& out) {
+    comm.execute(detail::all_to_all_call(detail::site(comm, operation::all_to_all),
+                                         as_const_buffer(in), as_buffer(out)));
+}
+/// Non-blocking all_to_all.
+template <communicator C, tensor In, writable_tensor Out>
+[[nodiscard]] typename C::request_type all_to_all_async(C& comm, const In& in, Out&& out) {
+    return comm.submit(detail::all_to_all_call(detail::site(comm, operation::all_to_all),
+                                               as_const_buffer(in), as_buffer(out)));
+}
+
+// ------------------------------------------------------------- send and recv
+
+/// Sends `in` to rank `peer`; matched by the `recv` there with this rank and `tag`.
+template <communicator C, tensor In>
+void send(C& comm, const In& in, int peer, int tag = 0) {
+    const const_buffer b = as_const_buffer(in);
+    comm.execute(detail::point_to_point_call(detail::site(comm, operation::send), b.data, nullptr,
+                                             b.count, b.type, b.location, peer, tag));
+}
+/// Receives into `out` from rank `peer`; the sender's count and dtype must match.
+template <communicator C, writable_tensor Out>
+void recv(C& comm, Out&& out, int peer, int tag = 0) {
+    const buffer b = as_buffer(out);
+    comm.execute(detail::point_to_point_call(detail::site(comm, operation::recv), nullptr, b.data,
+                                             b.count, b.type, b.location, peer, tag));
+}
+/// Non-blocking send.
+template <communicator C, tensor In>
+[[nodiscard]] typename C::request_type send_async(C& comm, const In& in, int peer, int tag = 0) {
+    const const_buffer b = as_const_buffer(in);
+    return comm.submit(detail::point_to_point_call(detail::site(comm, operation::send), b.data,
+                                                   nullptr, b.count, b.type, b.location, peer,
+                                                   tag));
+}
+/// Non-blocking recv.
+template <communicator C, writable_tensor Out>
+[[nodiscard]] typename C::request_type recv_async(C& comm, Out&& out, int peer, int tag = 0) {
+    const buffer b = as_buffer(out);
+    return comm.submit(detail::point_to_point_call(detail::site(comm, operation::recv), nullptr,
+                                                   b.data, b.count, b.type, b.location, peer, tag));
+}
+
+// ------------------------------------------------------------------- barrier
+
+/// Returns once every rank has entered the barrier.
+template <communicator C>
+void barrier(C& comm) {
+    comm.execute(collective_call{});
+}
+/// Non-blocking barrier.
+template <communicator C>
+[[nodiscard]] typename C::request_type barrier_async(C& comm) {
+    return comm.submit(collective_call{});
+}
+
+} // namespace unison

@@ -1,0 +1,76 @@
+#pragma once
+
+/// \file
+/// The contracts every backend models. A backend is a type, chosen at compile time;
+/// code written against `communicator` runs on threads, MPI or NCCL unchanged.
+
+#include "unison/comm/collective.hpp"
+#include "unison/comm/options.hpp"
+
+#include <concepts>
+#include <exception>
+#include <span>
+
+namespace unison {
+
+/// A pending non-blocking operation: move-only; `wait()` blocks until it completes
+/// (bounded by the communicator's timeout, then `timeout_error`) and rethrows any
+/// error; `test()` reports completion without blocking. A request must be waited on
+/// (or destroyed, which waits) before its buffers are reused or freed.
+template <class R>
+concept request = std::movable<R> && !std::copyable<R> && requires(R & r) {
+    r.wait();
+    { r.test() } -> std::same_as<bool>;
+};
+
+/// A group of ranks that can run collectives.
+///
+/// `execute(call)` runs `call` to completion; `submit(call)` starts it and returns a
+/// request. Calls complete in the order they were issued on each rank. `split`
+/// is itself collective: every rank calls it, ranks with the same `color` (>= 0)
+/// form a new communicator, ordered by `key` and then by their rank here.
+///
+/// Users call the free functions of collectives.hpp (`unison::all_reduce(comm, x)`),
+/// which validate their tensors and build the `collective_call`.
+template <class C>
+concept communicator = std::movable<C> && requires(C& c, const C& cc, const collective_call& call) {
+    typename C::request_type;
+    requires request<typename C::request_type>;
+    { cc.rank() } -> std::same_as<int>;
+    { cc.size() } -> std::same_as<int>;
+    { cc.options() } -> std::convertible_to<const comm_options&>;
+    c.execute(call);
+    { c.submit(call) } -> std::same_as<typename C::request_type>;
+    { c.split(0, 0) } -> std::same_as<C>;
+};
+
+/// Waits for every request in `requests`, in order; the first error is rethrown
+/// after all the others have been waited on, so no operation is left in flight.
+template <request R>
+void wait_all(std::span<R> requests) {
+    std::exception_ptr first;
+    for (R& r : requests) {
+        try {
+            r.wait();
+        } catch (...) {
+            if (!first) {
+                first = std::current_exception();
+            }
+        }
+    }
+    if (first) {
+        std::rethrow_exception(first);
+    }
+}
+
+/// True when every request in `requests` has completed (drives progress on each).
+template <request R>
+bool test_all(std::span<R> requests) {
+    bool all = true;
+    for (R& r : requests) {
+        all = r.test() && all;
+    }
+    return all;
+}
+
+} // namespace unison

@@ -1,0 +1,88 @@
+#pragma once
+
+/// \file
+/// What must agree across ranks for a collective to be well formed, and the
+/// comparison that names the first field that does not. The thread backend compares
+/// published calls directly; MPI and NCCL all-gather these signatures first when
+/// `comm_options::check_matching` is on.
+
+#include "unison/comm/collective.hpp"
+#include "unison/core/error.hpp"
+
+#include <cstdint>
+#include <string>
+
+namespace unison::detail {
+
+/// The fields of a call that every rank must agree on, in a fixed-size form.
+struct call_signature {
+    std::uint64_t op = 0;
+    std::uint64_t type = 0;
+    std::uint64_t reduction = 0;
+    std::uint64_t root = 0;
+    std::uint64_t count = 0;
+    std::uint64_t counts_hash = 0; ///< all_gatherv: FNV-1a of the counts list
+};
+
+inline call_signature signature_of(const collective_call& c) {
+    call_signature s;
+    s.op = static_cast<std::uint64_t>(c.op);
+    s.type = c.op == operation::barrier ? 0 : static_cast<std::uint64_t>(c.type);
+    const bool reduces = c.op == operation::all_reduce || c.op == operation::reduce ||
+                         c.op == operation::reduce_scatter;
+    s.reduction = reduces ? static_cast<std::uint64_t>(c.reduction) : 0;
+    const bool rooted = c.op == operation::broadcast || c.op == operation::reduce;
+    s.root = rooted ? static_cast<std::uint64_t>(c.root) : 0;
+    // all_gatherv ranks legitimately send different counts; their lists must agree.
+    s.count = c.op == operation::all_gatherv || c.op == operation::barrier ? 0 : c.count;
+    if (c.op == operation::all_gatherv) {
+        std::uint64_t h = 1469598103934665603ull;
+        for (std::size_t v : c.counts) {
+            h = (h ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
+        }
+        s.counts_hash = h ^ c.counts.size();
+    }
+    return s;
+}
+
+/// Throws `mismatch_error` (raised by `rank`, naming `other`) when `theirs`, the
+/// signature of rank `other`, differs from `ref`, the signature of rank `ref_rank`.
+inline void check_signature(int rank, const std::string& label, int ref_rank,
+                            const call_signature& ref, int other, const call_signature& theirs) {
+    const char* field = nullptr;
+    std::string a, b;
+    if (theirs.op != ref.op) {
+        field = "operation";
+        a = to_string(static_cast<operation>(ref.op));
+        b = to_string(static_cast<operation>(theirs.op));
+    } else if (theirs.type != ref.type) {
+        field = "dtype";
+        a = to_string(static_cast<dtype>(ref.type));
+        b = to_string(static_cast<dtype>(theirs.type));
+    } else if (theirs.count != ref.count) {
+        field = "count";
+        a = std::to_string(ref.count);
+        b = std::to_string(theirs.count);
+    } else if (theirs.reduction != ref.reduction) {
+        field = "op";
+        a = to_string(static_cast<reduce_op>(ref.reduction));
+        b = to_string(static_cast<reduce_op>(theirs.reduction));
+    } else if (theirs.root != ref.root) {
+        field = "root";
+        a = std::to_string(ref.root);
+        b = std::to_string(theirs.root);
+    } else if (theirs.counts_hash != ref.counts_hash) {
+        field = "counts";
+        a = "one counts list";
+        b = "a different one";
+    }
+    if (field != nullptr) {
+        throw mismatch_error(rank, label,
+                             std::string(field) + " differs: rank " + std::to_string(ref_rank) +
+                                 " called with " + a + " but rank " + std::to_string(other) +
+                                 " with " + b,
+                             other, field);
+    }
+}
+
+} // namespace unison::detail

@@ -1,0 +1,173 @@
+#pragma once
+
+/// \file
+/// Where this process sits in a job, read from the launcher's environment:
+/// torchrun (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE), Open MPI
+/// (OMPI_COMM_WORLD_RANK, ..._LOCAL_RANK, ..._SIZE, ..._LOCAL_SIZE) and Slurm
+/// (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID, SLURM_TASKS_PER_NODE).
+/// torchrun is checked first and Slurm last, because torchrun and mpirun are often
+/// started inside a Slurm allocation and then their own variables are the truth.
+
+#include "unison/core/error.hpp"
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace unison {
+
+/// This process's place in the job.
+struct launch_info {
+    int rank = 0;                       ///< global rank
+    int size = 1;                       ///< number of ranks in the job
+    int local_rank = 0;                 ///< rank on this node: picks the GPU
+    int local_size = 1;                 ///< ranks on this node
+    std::string_view launcher = "none"; ///< "torchrun", "openmpi", "slurm" or "none"
+};
+
+namespace detail {
+
+/// Parses a non-negative decimal integer; nullopt if `s` is anything else.
+inline std::optional<int> parse_count(std::string_view s) {
+    if (s.empty() || s.size() > 9) {
+        return std::nullopt;
+    }
+    int v = 0;
+    for (char c : s) {
+        if (c < '0' || c > '9') {
+            return std::nullopt;
+        }
+        v = v * 10 + (c - '0');
+    }
+    return v;
+}
+
+/// Expands Slurm's SLURM_TASKS_PER_NODE ("2(x3),1") and returns node `node`'s entry.
+inline std::optional<int> slurm_tasks_on_node(std::string_view spec, int node) {
+    int index = 0;
+    while (!spec.empty()) {
+        const std::size_t comma = spec.find(',');
+        std::string_view item = spec.substr(0, comma);
+        spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
+        int repeat = 1;
+        if (const std::size_t paren = item.find("(x"); paren != std::string_view::npos) {
+            if (item.back() != ')') {
+                return std::nullopt;
+            }
+            const auto r = parse_count(item.substr(paren + 2, item.size() - paren - 3));
+            if (!r) {
+                return std::nullopt;
+            }
+            repeat = *r;
+            item = item.substr(0, paren);
+        }
+        const auto tasks = parse_count(item);
+        if (!tasks) {
+            return std::nullopt;
+        }
+        if (node < index + repeat) {
+            return tasks;
+        }
+        index += repeat;
+    }
+    return std::nullopt;
+}
+
+} // namespace detail
+
+/// Reads the launch environment through `get` (a `const char*(const char*)`, such as
+/// std::getenv). Throws `argument_error` naming the variable when one is set but
+/// malformed or inconsistent; returns a one-rank job when no launcher is found.
+template <class Getenv>
+launch_info detect_launch(Getenv&& get) {
+    auto read = [&](const char* name) -> std::optional<int> {
+        const char* v = get(name);
+        if (v == nullptr) {
+            return std::nullopt;
+        }
+        const auto n = detail::parse_count(v);
+        if (!n) {
+            throw argument_error(-1, "detect_launch",
+                                 std::string(name) + "='" + v + "' is not a non-negative integer");
+        }
+        return n;
+    };
+    auto require = [&](const char* name, std::string_view launcher) -> int {
+        const auto v = read(name);
+        if (!v) {
+            throw argument_error(-1, "detect_launch",
+                                 std::string(launcher) + " is set up but " + name + " is missing");
+        }
+        return *v;
+    };
+
+    launch_info info;
+    if (get("RANK") != nullptr && get("WORLD_SIZE") != nullptr) {
+        info.launcher = "torchrun";
+        info.rank = require("RANK", info.launcher);
+        info.size = require("WORLD_SIZE", info.launcher);
+        info.local_rank = read("LOCAL_RANK").value_or(0);
+        info.local_size = read("LOCAL_WORLD_SIZE").value_or(info.size);
+    } else if (get("OMPI_COMM_WORLD_RANK") != nullptr) {
+        info.launcher = "openmpi";
+        info.rank = require("OMPI_COMM_WORLD_RANK", info.launcher);
+        info.size = require("OMPI_COMM_WORLD_SIZE", info.launcher);
+        info.local_rank = require("OMPI_COMM_WORLD_LOCAL_RANK", info.launcher);
+        info.local_size = read("OMPI_COMM_WORLD_LOCAL_SIZE").value_or(info.size);
+    } else if (get("SLURM_PROCID") != nullptr) {
+        info.launcher = "slurm";
+        info.rank = require("SLURM_PROCID", info.launcher);
+        info.size = require("SLURM_NTASKS", info.launcher);
+        info.local_rank = require("SLURM_LOCALID", info.launcher);
+        info.local_size = info.size;
+        if (const char* spec = get("SLURM_TASKS_PER_NODE"); spec != nullptr) {
+            const int node = read("SLURM_NODEID").value_or(0);
+            const auto n = detail::slurm_tasks_on_node(spec, node);
+            if (!n) {
+                throw argument_error(-1, "detect_launch",
+                                     std::string("SLURM_TASKS_PER_NODE='") + spec +
+                                         "' has no entry for node " + std::to_string(node));
+            }
+            info.local_size = *n;
+        }
+    } else {
+        return info;
+    }
+    if (info.size < 1 || info.rank >= info.size) {
+        throw argument_error(-1, "detect_launch",
+                             std::string(info.launcher) + ": rank " + std::to_string(info.rank) +
+                                 " is out of range for " + std::to_string(info.size) + " ranks");
+    }
+    if (info.local_size < 1 || info.local_rank >= info.local_size || info.local_size > info.size) {
+        throw argument_error(-1, "detect_launch",
+                             std::string(info.launcher) + ": local rank " +
+                                 std::to_string(info.local_rank) + " of " +
+                                 std::to_string(info.local_size) +
+                                 " is inconsistent with a job of " + std::to_string(info.size));
+    }
+    return info;
+}
+
+/// Reads the launch environment of this process.
+inline launch_info detect_launch() {
+    return detect_launch([](const char* name) -> const char* { return std::getenv(name); });
+}
+
+/// The CUDA device this process should use: its local rank, never its global rank,
+/// so that rank 9 of a job with 8 GPUs per node uses GPU 1 of its node.
+inline int local_device(const launch_info& info, int device_count) {
+    if (device_count < 1) {
+        throw argument_error(info.rank, "local_device", "no CUDA device is visible");
+    }
+    if (info.local_rank >= device_count) {
+        throw argument_error(info.rank, "local_device",
+                             "local rank " + std::to_string(info.local_rank) + " needs GPU " +
+                                 std::to_string(info.local_rank) + " but only " +
+                                 std::to_string(device_count) +
+                                 " are visible (NCCL cannot share a GPU between ranks)");
+    }
+    return info.local_rank;
+}
+
+} // namespace unison

@@ -1,0 +1,151 @@
+#pragma once
+
+/// \file
+/// Host reduction loops used by the thread and MPI backends. One function reduces
+/// element range [0, count) of n inputs and writes the result to m outputs, in
+/// cache-sized blocks, so the thread backend's "reduce my chunk of everyone's
+/// input and write it to everyone's output" is one pass over memory.
+
+#include "unison/core/dtype.hpp"
+#include "unison/core/reduce_op.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+namespace unison::detail {
+
+/// The type arithmetic is done in: float for the 16-bit types, the type itself otherwise.
+template <class T>
+struct accumulate_type {
+    using type = T;
+};
+template <>
+struct accumulate_type<half> {
+    using type = float;
+};
+template <>
+struct accumulate_type<bf16> {
+    using type = float;
+};
+template <class T>
+using accumulate_t = typename accumulate_type<T>::type;
+
+/// Binary reduction functors on the accumulate type.
+struct sum_fn {
+    template <class A>
+    UNISON_HOST_DEVICE constexpr A operator()(A a, A b) const noexcept {
+        return static_cast<A>(a + b);
+    }
+};
+struct prod_fn {
+    template <class A>
+    UNISON_HOST_DEVICE constexpr A operator()(A a, A b) const noexcept {
+        return static_cast<A>(a * b);
+    }
+};
+struct min_fn {
+    template <class A>
+    UNISON_HOST_DEVICE constexpr A operator()(A a, A b) const noexcept {
+        return b < a ? b : a;
+    }
+};
+struct max_fn {
+    template <class A>
+    UNISON_HOST_DEVICE constexpr A operator()(A a, A b) const noexcept {
+        return a < b ? b : a;
+    }
+};
+
+template <class T>
+UNISON_HOST_DEVICE constexpr accumulate_t<T> widen(T v) noexcept {
+    return static_cast<accumulate_t<T>>(v);
+}
+template <class T>
+UNISON_HOST_DEVICE constexpr T narrow(accumulate_t<T> v) noexcept {
+    return static_cast<T>(v);
+}
+
+/// Elements per block: 4 KiB of accumulators per block keeps every input's block
+/// and the accumulators in L1 while the loop walks over the ranks.
+inline constexpr std::size_t reduce_block_elements = 1024;
+
+template <class T, class Fn>
+void reduce_typed(Fn fn, const void* const* inputs, int n, void* const* outputs, int m,
+                  std::size_t count, int divisor) {
+    using A = accumulate_t<T>;
+    A acc[reduce_block_elements];
+    T narrowed[reduce_block_elements];
+    for (std::size_t base = 0; base < count; base += reduce_block_elements) {
+        const std::size_t len = std::min(reduce_block_elements, count - base);
+        const T* in0 = static_cast<const T*>(inputs[0]) + base;
+        for (std::size_t i = 0; i < len; ++i) {
+            acc[i] = widen(in0[i]);
+        }
+        for (int r = 1; r < n; ++r) {
+            const T* in = static_cast<const T*>(inputs[r]) + base;
+            for (std::size_t i = 0; i < len; ++i) {
+                acc[i] = fn(acc[i], widen(in[i]));
+            }
+        }
+        if (divisor != 1) {
+            const A d = static_cast<A>(divisor);
+            for (std::size_t i = 0; i < len; ++i) {
+                acc[i] = static_cast<A>(acc[i] / d);
+            }
+        }
+        const void* src = acc;
+        if constexpr (!std::is_same_v<A, T>) {
+            for (std::size_t i = 0; i < len; ++i) {
+                narrowed[i] = narrow<T>(acc[i]);
+            }
+            src = narrowed;
+        }
+        for (int o = 0; o < m; ++o) {
+            std::memcpy(static_cast<T*>(outputs[o]) + base, src, len * sizeof(T));
+        }
+    }
+}
+
+template <class T>
+void reduce_dispatch_op(reduce_op op, const void* const* inputs, int n, void* const* outputs, int m,
+                        std::size_t count, int divisor) {
+    switch (op) {
+    case reduce_op::sum:
+    case reduce_op::avg:
+        return reduce_typed<T>(sum_fn{}, inputs, n, outputs, m, count, divisor);
+    case reduce_op::prod:
+        return reduce_typed<T>(prod_fn{}, inputs, n, outputs, m, count, divisor);
+    case reduce_op::min:
+        return reduce_typed<T>(min_fn{}, inputs, n, outputs, m, count, divisor);
+    case reduce_op::max:
+        return reduce_typed<T>(max_fn{}, inputs, n, outputs, m, count, divisor);
+    }
+}
+
+/// outputs[o][i] = (inputs[0][i] op ... op inputs[n-1][i]) / divisor for i < count and
+/// every o < m. `avg` reduces as `sum`; the caller passes the divisor (1 for none)
+/// where the reduction completes. An output may alias an input.
+inline void host_reduce(dtype type, reduce_op op, const void* const* inputs, int n,
+                        void* const* outputs, int m, std::size_t count, int divisor = 1) {
+    switch (type) {
+    case dtype::f64:
+        return reduce_dispatch_op<double>(op, inputs, n, outputs, m, count, divisor);
+    case dtype::f32:
+        return reduce_dispatch_op<float>(op, inputs, n, outputs, m, count, divisor);
+    case dtype::f16:
+        return reduce_dispatch_op<half>(op, inputs, n, outputs, m, count, divisor);
+    case dtype::bf16:
+        return reduce_dispatch_op<bf16>(op, inputs, n, outputs, m, count, divisor);
+    case dtype::i64:
+        return reduce_dispatch_op<std::int64_t>(op, inputs, n, outputs, m, count, divisor);
+    case dtype::i32:
+        return reduce_dispatch_op<std::int32_t>(op, inputs, n, outputs, m, count, divisor);
+    case dtype::i8:
+        return reduce_dispatch_op<std::int8_t>(op, inputs, n, outputs, m, count, divisor);
+    case dtype::u8:
+        return reduce_dispatch_op<std::uint8_t>(op, inputs, n, outputs, m, count, divisor);
+    }
+}
+
+} // namespace unison::detail

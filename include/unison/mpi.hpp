@@ -1,0 +1,7 @@
+#pragma once
+
+/// \file
+/// The MPI backend: `mpi_environment` and `mpi_communicator`. Link `unison::mpi`.
+
+#include "unison/comm.hpp"
+#include "unison/mpi/mpi_communicator.hpp"

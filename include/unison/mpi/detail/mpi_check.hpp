@@ -1,0 +1,150 @@
+#pragma once
+
+/// \file
+/// MPI return-code checking, dtype mapping and the user-defined reductions for the
+/// 16-bit float types, which MPI does not know.
+
+#include "unison/core/detail/host_reduce.hpp"
+#include "unison/core/dtype.hpp"
+#include "unison/core/error.hpp"
+#include "unison/core/reduce_op.hpp"
+
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1 // the C API is all we use; the C++ bindings warn under -Wextra
+#endif
+#include <mpi.h>
+
+#include <string>
+
+namespace unison::detail {
+
+[[noreturn]] inline void throw_mpi_error(int code, int rank, const std::string& operation,
+                                         const char* call) {
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
+        length = 0;
+    }
+    throw mpi_error(rank, operation,
+                    std::string(call) +
+                        " failed: " + std::string(text, static_cast<std::size_t>(length)),
+                    code);
+}
+
+} // namespace unison::detail
+
+/// Checks an MPI call's return code; throws unison::mpi_error naming the rank, the
+/// operation and the call. Communicators set MPI_ERRORS_RETURN so codes come back.
+#define UNISON_CHECK_MPI(call, rank, operation)                                                    \
+    do {                                                                                           \
+        const int unison_mpi_rc_ = (call);                                                         \
+        if (unison_mpi_rc_ != MPI_SUCCESS) {                                                       \
+            ::unison::detail::throw_mpi_error(unison_mpi_rc_, (rank), (operation), #call);         \
+        }                                                                                          \
+    } while (0)
+
+namespace unison::detail {
+
+/// The MPI datatype that moves `t`; the 16-bit floats move as MPI_UINT16_T and reduce
+/// through the user-defined ops below.
+inline MPI_Datatype mpi_datatype(dtype t) noexcept {
+    switch (t) {
+    case dtype::f64:
+        return MPI_DOUBLE;
+    case dtype::f32:
+        return MPI_FLOAT;
+    case dtype::f16:
+    case dtype::bf16:
+        return MPI_UINT16_T;
+    case dtype::i64:
+        return MPI_INT64_T;
+    case dtype::i32:
+        return MPI_INT32_T;
+    case dtype::i8:
+        return MPI_INT8_T;
+    case dtype::u8:
+        return MPI_UINT8_T;
+    }
+    return MPI_BYTE;
+}
+
+inline bool mpi_native_reduction(dtype t) noexcept {
+    return t != dtype::f16 && t != dtype::bf16;
+}
+
+template <dtype T, reduce_op Op>
+void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+    const void* inputs[2] = {inout, in};
+    void* outputs[1] = {inout};
+    host_reduce(T, Op, inputs, 2, outputs, 1, static_cast<std::size_t>(*len));
+}
+
+/// MPI_Op handles for sum/prod/min/max over f16 and bf16, created with the
+/// communicator and freed with it.
+class mpi_half_ops {
+public:
+    mpi_half_ops() {
+        create<dtype::f16>(0);
+        create<dtype::bf16>(4);
+    }
+    mpi_half_ops(const mpi_half_ops&) = delete;
+    mpi_half_ops& operator=(const mpi_half_ops&) = delete;
+    ~mpi_half_ops() {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) {
+            for (MPI_Op& op : ops_) {
+                if (op != MPI_OP_NULL) {
+                    MPI_Op_free(&op);
+                }
+            }
+        }
+    }
+
+    /// The op for `t` and `op` (avg reduces as sum; the caller divides).
+    MPI_Op get(dtype t, reduce_op op) const noexcept {
+        const int base = t == dtype::f16 ? 0 : 4;
+        switch (op) {
+        case reduce_op::sum:
+        case reduce_op::avg:
+            return ops_[base + 0];
+        case reduce_op::prod:
+            return ops_[base + 1];
+        case reduce_op::min:
+            return ops_[base + 2];
+        case reduce_op::max:
+            return ops_[base + 3];
+        }
+        return MPI_OP_NULL;
+    }
+
+private:
+    template <dtype T>
+    void create(int base) {
+        MPI_Op_create(&mpi_user_reduce<T, reduce_op::sum>, 1, &ops_[base + 0]);
+        MPI_Op_create(&mpi_user_reduce<T, reduce_op::prod>, 1, &ops_[base + 1]);
+        MPI_Op_create(&mpi_user_reduce<T, reduce_op::min>, 1, &ops_[base + 2]);
+        MPI_Op_create(&mpi_user_reduce<T, reduce_op::max>, 1, &ops_[base + 3]);
+    }
+
+    MPI_Op ops_[8] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
+                      MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+
+/// The predefined MPI_Op for `op` (avg reduces as sum; the caller divides).
+inline MPI_Op mpi_native_op(reduce_op op) noexcept {
+    switch (op) {
+    case reduce_op::sum:
+    case reduce_op::avg:
+        return MPI_SUM;
+    case reduce_op::prod:
+        return MPI_PROD;
+    case reduce_op::min:
+        return MPI_MIN;
+    case reduce_op::max:
+        return MPI_MAX;
+    }
+    return MPI_OP_NULL;
+}
+
+} // namespace unison::detail

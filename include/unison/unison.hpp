@@ -1,0 +1,18 @@
+#pragma once
+
+/// \file
+/// The umbrella header: the core, the collectives and every backend this
+/// translation unit can use. The thread backend is always there; the MPI backend
+/// when the target links `unison::mpi`, the NCCL backend with `unison::nccl`.
+
+#include "unison/comm.hpp"
+#include "unison/core.hpp"
+#include "unison/thread.hpp"
+
+#if UNISON_HAS_MPI()
+#include "unison/mpi.hpp"
+#endif
+
+#if UNISON_HAS_NCCL()
+#include "unison/nccl.hpp"
+#endif
