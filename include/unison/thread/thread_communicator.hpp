@@ -181,14 +181,16 @@ private:
 
     [[noreturn]] void throw_stopped(operation op, std::uint64_t seq, std::uint64_t phase) {
         const std::string label = operation_label(op, seq);
-        for (int q = 0; q < group->size; ++q) {
-            if (!group->barrier.has_arrived(q, phase) &&
-                group->world->exited[static_cast<std::size_t>(world_rank(q))].load()) {
-                const std::string what =
-                    "rank " + std::to_string(q) + " returned without calling this collective";
-                group->world->abort(world_rank(rank),
-                                    "rank " + std::to_string(rank) + ": " + label + ": " + what);
-                throw peer_error(rank, label, what, q);
+        if (!group->world->aborted.load(std::memory_order_acquire)) {
+            for (int q = 0; q < group->size; ++q) {
+                if (!group->barrier.has_arrived(q, phase) &&
+                    group->world->exited[static_cast<std::size_t>(world_rank(q))].load()) {
+                    const std::string what =
+                        "rank " + std::to_string(q) + " returned without calling this collective";
+                    group->world->abort(world_rank(rank), "rank " + std::to_string(rank) + ": " +
+                                                              label + ": " + what);
+                    throw peer_error(rank, label, what, q);
+                }
             }
         }
         std::string cause;

@@ -1,0 +1,447 @@
+#pragma once
+
+// Every collective, written once against the communicator concept and run by each
+// backend's test file (tests/thread/, tests/mpi/). Each case fills the ranks'
+// inputs with deterministic random data, runs the collective, and compares every
+// element with a serial double-precision reference.
+
+#include "../support/reference.hpp"
+
+#include <unison/comm.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace unison::test {
+
+inline constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::prod, reduce_op::min,
+                                        reduce_op::max, reduce_op::avg};
+
+inline bool op_applies(dtype t, reduce_op op) {
+    return op != reduce_op::avg || is_floating(t);
+}
+
+/// Records the first failure of a case; checked once per case.
+struct outcome {
+    std::string first;
+    void expect(bool ok, const std::string& what) {
+        if (!ok && first.empty()) {
+            first = what;
+        }
+    }
+};
+
+#define UNISON_CHECK_CASE(comm, name, o)                                                           \
+    CHECK_MESSAGE((o).first.empty(), "rank " << (comm).rank() << " of " << (comm).size() << ": "   \
+                                             << (name) << ": " << (o).first)
+
+template <communicator C>
+void all_reduce_cases(C& comm, std::uint64_t seed = 1) {
+    const int n = comm.size();
+    for (dtype t : all_dtypes) {
+        for (reduce_op op : all_ops) {
+            if (!op_applies(t, op)) {
+                continue;
+            }
+            for (std::size_t count : test_counts(t)) {
+                if (count > 100000 && op != reduce_op::sum && op != reduce_op::avg) {
+                    continue; // the large size exercises bandwidth paths, not every op
+                }
+                for (bool in_place : {false, true}) {
+                    ++seed;
+                    host_buffer in(t, count), out(t, count);
+                    fill(in, op, seed, comm.rank());
+                    if (in_place) {
+                        all_reduce(comm, in.view(), op);
+                    } else {
+                        fill(out, op, seed + 7, comm.rank()); // garbage that must be overwritten
+                        all_reduce(comm, in.view(), out.view(), op);
+                    }
+                    const host_buffer& result = in_place ? in : out;
+                    outcome o;
+                    std::string why;
+                    for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
+                        o.expect(same(t, result[i], reference(t, op, seed, n, i), n, &why, i), why);
+                    }
+                    if (!in_place) { // the input is untouched
+                        for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
+                            o.expect(in[i] == input_value(t, op, seed, comm.rank(), i),
+                                     "input modified at " + std::to_string(i));
+                        }
+                    }
+                    UNISON_CHECK_CASE(comm, case_name("all_reduce", t, op, count, in_place), o);
+                }
+            }
+        }
+    }
+}
+
+template <communicator C>
+void reduce_scatter_cases(C& comm, std::uint64_t seed = 1000) {
+    const int n = comm.size();
+    const auto me = static_cast<std::size_t>(comm.rank());
+    for (dtype t : all_dtypes) {
+        for (reduce_op op : all_ops) {
+            if (!op_applies(t, op)) {
+                continue;
+            }
+            for (std::size_t count :
+                 {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{4099}}) {
+                for (bool in_place : {false, true}) {
+                    ++seed;
+                    const std::size_t total = count * static_cast<std::size_t>(n);
+                    host_buffer in(t, total), out(t, count);
+                    fill(in, op, seed, comm.rank());
+                    if (in_place) {
+                        reduce_scatter(comm, in.view(), op);
+                    } else {
+                        reduce_scatter(comm, in.view(), out.view(), op);
+                    }
+                    outcome o;
+                    std::string why;
+                    for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
+                        const double got = in_place ? in[me * count + i] : out[i];
+                        o.expect(
+                            same(t, got, reference(t, op, seed, n, me * count + i), n, &why, i),
+                            why);
+                    }
+                    UNISON_CHECK_CASE(comm, case_name("reduce_scatter", t, op, count, in_place), o);
+                }
+            }
+        }
+    }
+}
+
+template <communicator C>
+void all_gather_cases(C& comm, std::uint64_t seed = 2000) {
+    const int n = comm.size();
+    const auto me = static_cast<std::size_t>(comm.rank());
+    for (dtype t : all_dtypes) {
+        for (std::size_t count : test_counts(t)) {
+            for (bool in_place : {false, true}) {
+                ++seed;
+                const std::size_t total = count * static_cast<std::size_t>(n);
+                host_buffer in(t, count), out(t, total);
+                fill(in, reduce_op::sum, seed, comm.rank());
+                if (in_place) {
+                    for (std::size_t i = 0; i < count; ++i) {
+                        out.set(me * count + i, in[i]);
+                    }
+                    all_gather(comm, out.view());
+                } else {
+                    all_gather(comm, in.view(), out.view());
+                }
+                outcome o;
+                for (int r = 0; r < n && o.first.empty(); ++r) {
+                    for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
+                        const double want = input_value(t, reduce_op::sum, seed, r, i);
+                        o.expect(out[static_cast<std::size_t>(r) * count + i] == want,
+                                 "block " + std::to_string(r) + " element " + std::to_string(i));
+                    }
+                }
+                UNISON_CHECK_CASE(comm, case_name("all_gather", t, reduce_op::sum, count, in_place),
+                                  o);
+            }
+        }
+    }
+    // all_gatherv: rank r contributes 3r + 1 elements (uneven, never equal).
+    for (dtype t : {dtype::f32, dtype::bf16, dtype::i64}) {
+        ++seed;
+        std::vector<std::size_t> counts(static_cast<std::size_t>(n));
+        for (int r = 0; r < n; ++r) {
+            counts[static_cast<std::size_t>(r)] = 3u * static_cast<std::size_t>(r) * 101u + 1u;
+        }
+        host_buffer in(t, counts[me]);
+        host_buffer out(t, std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
+        fill(in, reduce_op::sum, seed, comm.rank());
+        all_gatherv(comm, in.view(), out.view(), counts);
+        outcome o;
+        std::size_t offset = 0;
+        for (int r = 0; r < n; ++r) {
+            for (std::size_t i = 0; i < counts[static_cast<std::size_t>(r)]; ++i) {
+                o.expect(out[offset + i] == input_value(t, reduce_op::sum, seed, r, i),
+                         "rank " + std::to_string(r) + "'s element " + std::to_string(i));
+            }
+            offset += counts[static_cast<std::size_t>(r)];
+        }
+        UNISON_CHECK_CASE(comm, "all_gatherv " + std::string(to_string(t)), o);
+    }
+}
+
+template <communicator C>
+void broadcast_cases(C& comm, std::uint64_t seed = 3000) {
+    const int n = comm.size();
+    for (dtype t : all_dtypes) {
+        for (std::size_t count : test_counts(t)) {
+            for (int root = 0; root < n; ++root) {
+                for (bool in_place : {false, true}) {
+                    ++seed;
+                    host_buffer in(t, count), out(t, count);
+                    fill(in, reduce_op::sum, seed, comm.rank()); // every rank has different data
+                    if (in_place) {
+                        broadcast(comm, in.view(), root);
+                    } else {
+                        broadcast(comm, in.view(), out.view(), root);
+                    }
+                    const host_buffer& result = in_place ? in : out;
+                    outcome o;
+                    for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
+                        o.expect(result[i] == input_value(t, reduce_op::sum, seed, root, i),
+                                 "element " + std::to_string(i));
+                    }
+                    UNISON_CHECK_CASE(comm,
+                                      case_name("broadcast", t, reduce_op::sum, count, in_place) +
+                                          " root=" + std::to_string(root),
+                                      o);
+                }
+            }
+        }
+    }
+}
+
+template <communicator C>
+void reduce_cases(C& comm, std::uint64_t seed = 4000) {
+    const int n = comm.size();
+    for (dtype t : {dtype::f64, dtype::f32, dtype::bf16, dtype::f16, dtype::i32, dtype::u8}) {
+        for (reduce_op op : all_ops) {
+            if (!op_applies(t, op)) {
+                continue;
+            }
+            for (std::size_t count :
+                 {std::size_t{0}, std::size_t{1}, std::size_t{1031}, std::size_t{70001}}) {
+                for (int root = 0; root < n; ++root) {
+                    for (bool in_place : {false, true}) {
+                        ++seed;
+                        host_buffer in(t, count), out(t, count);
+                        fill(in, op, seed, comm.rank());
+                        fill(out, op, seed + 5, comm.rank());
+                        if (in_place) {
+                            reduce(comm, in.view(), root, op);
+                        } else {
+                            reduce(comm, in.view(), out.view(), root, op);
+                        }
+                        outcome o;
+                        std::string why;
+                        const host_buffer& result = in_place ? in : out;
+                        for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
+                            if (comm.rank() == root) {
+                                o.expect(
+                                    same(t, result[i], reference(t, op, seed, n, i), n, &why, i),
+                                    why);
+                            } else if (!in_place) { // non-root outputs are not written
+                                o.expect(out[i] == input_value(t, op, seed + 5, comm.rank(), i),
+                                         "non-root output written at " + std::to_string(i));
+                            }
+                        }
+                        UNISON_CHECK_CASE(comm,
+                                          case_name("reduce", t, op, count, in_place) +
+                                              " root=" + std::to_string(root),
+                                          o);
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <communicator C>
+void all_to_all_cases(C& comm, std::uint64_t seed = 5000) {
+    const int n = comm.size();
+    const auto me = static_cast<std::size_t>(comm.rank());
+    for (dtype t : all_dtypes) {
+        for (std::size_t per_peer :
+             {std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{20011}}) {
+            ++seed;
+            const std::size_t total = per_peer * static_cast<std::size_t>(n);
+            host_buffer in(t, total), out(t, total);
+            fill(in, reduce_op::sum, seed, comm.rank());
+            all_to_all(comm, in.view(), out.view());
+            outcome o;
+            for (int q = 0; q < n && o.first.empty(); ++q) {
+                for (std::size_t i = 0; i < per_peer && o.first.empty(); ++i) {
+                    // block q of my output is block `me` of rank q's input
+                    const double want = input_value(t, reduce_op::sum, seed, q, me * per_peer + i);
+                    o.expect(out[static_cast<std::size_t>(q) * per_peer + i] == want,
+                             "block " + std::to_string(q) + " element " + std::to_string(i));
+                }
+            }
+            UNISON_CHECK_CASE(comm, case_name("all_to_all", t, reduce_op::sum, per_peer, false), o);
+        }
+    }
+}
+
+/// Ring exchange with send/recv, blocking and non-blocking: every rank sends to the
+/// next and receives from the previous, posting the send first (a deadlock if sends
+/// waited for their receiver before the receive was posted).
+template <communicator C>
+void send_recv_cases(C& comm, std::uint64_t seed = 6000) {
+    const int n = comm.size();
+    if (n < 2) {
+        return;
+    }
+    const int next = (comm.rank() + 1) % n, prev = (comm.rank() + n - 1) % n;
+    for (dtype t : {dtype::f32, dtype::f64, dtype::bf16, dtype::i8}) {
+        for (std::size_t count : {std::size_t{1}, std::size_t{1031}, std::size_t{300007}}) {
+            ++seed;
+            host_buffer in(t, count), out(t, count), out2(t, count);
+            fill(in, reduce_op::sum, seed, comm.rank());
+            auto s = send_async(comm, in.view(), next, 3);
+            recv(comm, out.view(), prev, 3);
+            s.wait();
+            // and the other way round, with both sides non-blocking and two tags
+            auto r1 = recv_async(comm, out2.view(), next, 5);
+            auto s1 = send_async(comm, in.view(), prev, 5);
+            std::vector<typename C::request_type> reqs;
+            reqs.push_back(std::move(r1));
+            reqs.push_back(std::move(s1));
+            wait_all(std::span(reqs));
+            outcome o;
+            for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
+                o.expect(out[i] == input_value(t, reduce_op::sum, seed, prev, i),
+                         "from prev, element " + std::to_string(i));
+                o.expect(out2[i] == input_value(t, reduce_op::sum, seed, next, i),
+                         "from next, element " + std::to_string(i));
+            }
+            UNISON_CHECK_CASE(comm, case_name("send/recv", t, reduce_op::sum, count, false), o);
+        }
+    }
+}
+
+/// Many non-blocking collectives in flight at once complete in issue order with
+/// correct results; wait_all waits for all of them.
+template <communicator C>
+void async_cases(C& comm, std::uint64_t seed = 7000) {
+    const int n = comm.size();
+    constexpr int in_flight = 6;
+    std::vector<host_buffer> bufs;
+    std::vector<typename C::request_type> reqs;
+    const std::size_t counts[in_flight] = {5, 1031, 70001, 3, 200003, 17};
+    for (int k = 0; k < in_flight; ++k) {
+        bufs.emplace_back(dtype::f32, counts[k]);
+        fill(bufs.back(), reduce_op::sum, seed + static_cast<std::uint64_t>(k), comm.rank());
+    }
+    for (int k = 0; k < in_flight; ++k) {
+        reqs.push_back(all_reduce_async(comm, bufs[static_cast<std::size_t>(k)].view()));
+    }
+    host_buffer gathered(dtype::f32, 4 * static_cast<std::size_t>(n)), mine(dtype::f32, 4);
+    fill(mine, reduce_op::sum, seed + 99, comm.rank());
+    reqs.push_back(all_gather_async(comm, mine.view(), gathered.view()));
+    while (!test_all(std::span(reqs))) {
+    }
+    wait_all(std::span(reqs));
+    barrier(comm);
+    auto b = barrier_async(comm);
+    b.wait();
+    outcome o;
+    std::string why;
+    for (int k = 0; k < in_flight; ++k) {
+        for (std::size_t i = 0; i < counts[k] && o.first.empty(); ++i) {
+            o.expect(same(dtype::f32, bufs[static_cast<std::size_t>(k)][i],
+                          reference(dtype::f32, reduce_op::sum,
+                                    seed + static_cast<std::uint64_t>(k), n, i),
+                          n, &why, i),
+                     "request " + std::to_string(k) + ": " + why);
+        }
+    }
+    for (int r = 0; r < n; ++r) {
+        for (std::size_t i = 0; i < 4; ++i) {
+            o.expect(gathered[static_cast<std::size_t>(r) * 4 + i] ==
+                         input_value(dtype::f32, reduce_op::sum, seed + 99, r, i),
+                     "all_gather_async block " + std::to_string(r));
+        }
+    }
+    UNISON_CHECK_CASE(comm, "async all_reduce x6 + all_gather", o);
+}
+
+/// split into even and odd ranks (reversed by key) and reduce within each half.
+template <communicator C>
+void split_cases(C& comm) {
+    const int color = comm.rank() % 2;
+    C sub = comm.split(color, -comm.rank());
+    std::vector<int> members;
+    for (int r = color; r < comm.size(); r += 2) {
+        members.push_back(r);
+    }
+    const int expect_size = static_cast<int>(members.size());
+    // key = -rank: the highest old rank becomes rank 0
+    const int expect_rank =
+        expect_size - 1 -
+        static_cast<int>(std::find(members.begin(), members.end(), comm.rank()) - members.begin());
+    CHECK(sub.size() == expect_size);
+    CHECK(sub.rank() == expect_rank);
+    std::vector<std::int64_t> x = {comm.rank() + 1, 10 * (comm.rank() + 1)};
+    all_reduce(sub, x);
+    std::int64_t want = 0;
+    for (int r : members) {
+        want += r + 1;
+    }
+    CHECK(x[0] == want);
+    CHECK(x[1] == 10 * want);
+    // the parent still works after the split
+    std::vector<std::int64_t> y = {1};
+    all_reduce(comm, y);
+    CHECK(y[0] == comm.size());
+}
+
+/// Invalid arguments throw argument_error before any data moves and leave the
+/// communicator usable (the next collective still matches across ranks).
+template <communicator C>
+void argument_error_cases(C& comm) {
+    const int n = comm.size();
+    std::vector<float> a(10, 1.0f), b(12, 0.0f);
+    std::vector<double> d(10, 1.0);
+    std::vector<std::int32_t> ints(10, 1);
+    auto message = [&](auto&& fn) -> std::string {
+        try {
+            fn();
+        } catch (const argument_error& e) {
+            CHECK(e.rank() == comm.rank());
+            return e.what();
+        }
+        return "no error";
+    };
+    CHECK(message([&] { all_reduce(comm, a, b); }).find("output has 12") != std::string::npos);
+    CHECK(message([&] {
+              all_reduce(comm, a, d);
+          }).find("input is float but the output is double") != std::string::npos);
+    CHECK(message([&] {
+              all_reduce(comm, ints, reduce_op::avg);
+          }).find("avg is defined for floating-point") != std::string::npos);
+    CHECK(message([&] {
+              broadcast(comm, a, n);
+          }).find("root " + std::to_string(n) + " is out of range") != std::string::npos);
+    CHECK(message([&] { reduce(comm, a, -1); }).find("root -1 is out of range") !=
+          std::string::npos);
+    CHECK(message([&] { all_gather(comm, a, b); }).find("output has 12") != std::string::npos);
+    std::vector<float> odd(static_cast<std::size_t>(n) * 3 + 1, 1.0f);
+    if (n > 1) {
+        CHECK(message([&] { reduce_scatter(comm, odd); }).find("not a multiple of the") !=
+              std::string::npos);
+        CHECK(message([&] { all_to_all(comm, odd, odd); }).find("not a multiple") !=
+              std::string::npos);
+    }
+    CHECK(message([&] { send(comm, a, comm.rank()); }).find("is this rank") != std::string::npos);
+    if (n > 1) {
+        CHECK(message([&] { send(comm, a, (comm.rank() + 1) % n, -4); }).find("tag -4") !=
+              std::string::npos);
+    }
+    CHECK(message([&] {
+              all_reduce(comm, std::span<const float>(a), std::span<float>(a.data() + 1, 10));
+          }).find("overlap") != std::string::npos);
+    CHECK(message([&] {
+              all_reduce(comm, buffer{nullptr, 3, dtype::f32});
+          }).find("null data pointer") != std::string::npos);
+    CHECK(message([&] {
+              all_reduce(comm, buffer{a.data(), 10, dtype::f32, device::cuda(0)});
+          }).find("cuda:0") != std::string::npos);
+    // still usable, and still in step across ranks
+    std::vector<float> ok(5, 2.0f);
+    all_reduce(comm, ok);
+    CHECK(ok[4] == doctest::Approx(2.0 * n));
+}
+
+} // namespace unison::test
