@@ -103,23 +103,40 @@ launch_info detect_launch(Getenv&& get) {
     };
 
     launch_info info;
+    // The variables each field came from, so that errors can name them.
+    const char* rank_var = nullptr;
+    const char* size_var = nullptr;
+    const char* local_rank_var = nullptr;
+    const char* local_size_var = nullptr;
     if (get("RANK") != nullptr && get("WORLD_SIZE") != nullptr) {
         info.launcher = "torchrun";
-        info.rank = require("RANK", info.launcher);
-        info.size = require("WORLD_SIZE", info.launcher);
-        info.local_rank = read("LOCAL_RANK").value_or(0);
-        info.local_size = read("LOCAL_WORLD_SIZE").value_or(info.size);
+        rank_var = "RANK";
+        size_var = "WORLD_SIZE";
+        local_rank_var = "LOCAL_RANK";
+        local_size_var = "LOCAL_WORLD_SIZE";
+        info.rank = require(rank_var, info.launcher);
+        info.size = require(size_var, info.launcher);
+        info.local_rank = read(local_rank_var).value_or(0);
+        info.local_size = read(local_size_var).value_or(info.size);
     } else if (get("OMPI_COMM_WORLD_RANK") != nullptr) {
         info.launcher = "openmpi";
-        info.rank = require("OMPI_COMM_WORLD_RANK", info.launcher);
-        info.size = require("OMPI_COMM_WORLD_SIZE", info.launcher);
-        info.local_rank = require("OMPI_COMM_WORLD_LOCAL_RANK", info.launcher);
-        info.local_size = read("OMPI_COMM_WORLD_LOCAL_SIZE").value_or(info.size);
+        rank_var = "OMPI_COMM_WORLD_RANK";
+        size_var = "OMPI_COMM_WORLD_SIZE";
+        local_rank_var = "OMPI_COMM_WORLD_LOCAL_RANK";
+        local_size_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
+        info.rank = require(rank_var, info.launcher);
+        info.size = require(size_var, info.launcher);
+        info.local_rank = require(local_rank_var, info.launcher);
+        info.local_size = read(local_size_var).value_or(info.size);
     } else if (get("SLURM_PROCID") != nullptr) {
         info.launcher = "slurm";
-        info.rank = require("SLURM_PROCID", info.launcher);
-        info.size = require("SLURM_NTASKS", info.launcher);
-        info.local_rank = require("SLURM_LOCALID", info.launcher);
+        rank_var = "SLURM_PROCID";
+        size_var = "SLURM_NTASKS";
+        local_rank_var = "SLURM_LOCALID";
+        local_size_var = "SLURM_TASKS_PER_NODE";
+        info.rank = require(rank_var, info.launcher);
+        info.size = require(size_var, info.launcher);
+        info.local_rank = require(local_rank_var, info.launcher);
         info.local_size = info.size;
         if (const char* spec = get("SLURM_TASKS_PER_NODE"); spec != nullptr) {
             const int node = read("SLURM_NODEID").value_or(0);
@@ -134,17 +151,19 @@ launch_info detect_launch(Getenv&& get) {
     } else {
         return info;
     }
+    const std::string where = std::string(info.launcher) + ": ";
     if (info.size < 1 || info.rank >= info.size) {
         throw argument_error(-1, "detect_launch",
-                             std::string(info.launcher) + ": rank " + std::to_string(info.rank) +
-                                 " is out of range for " + std::to_string(info.size) + " ranks");
+                             where + rank_var + "=" + std::to_string(info.rank) +
+                                 " is out of range for " + size_var + "=" +
+                                 std::to_string(info.size));
     }
     if (info.local_size < 1 || info.local_rank >= info.local_size || info.local_size > info.size) {
         throw argument_error(-1, "detect_launch",
-                             std::string(info.launcher) + ": local rank " +
-                                 std::to_string(info.local_rank) + " of " +
-                                 std::to_string(info.local_size) +
-                                 " is inconsistent with a job of " + std::to_string(info.size));
+                             where + local_rank_var + "=" + std::to_string(info.local_rank) +
+                                 " and " + local_size_var + " (" + std::to_string(info.local_size) +
+                                 " ranks on this node) are inconsistent with " + size_var + "=" +
+                                 std::to_string(info.size));
     }
     return info;
 }

@@ -187,8 +187,8 @@ private:
                     group->world->exited[static_cast<std::size_t>(world_rank(q))].load()) {
                     const std::string what =
                         "rank " + std::to_string(q) + " returned without calling this collective";
-                    group->world->abort(world_rank(rank), "rank " + std::to_string(rank) + ": " +
-                                                              label + ": " + what);
+                    // The departed rank is the cause: peers woken by the abort name it.
+                    group->world->abort(world_rank(q), label + ": " + what);
                     throw peer_error(rank, label, what, q);
                 }
             }
