@@ -1,0 +1,106 @@
+// Averages a model's gradients across data-parallel ranks -- the step at the heart
+// of DDP -- with the same code on threads and under mpirun/srun/torchrun.
+//
+//   ./average_gradients -t 4        four ranks as threads of this process
+//   mpirun -n 2 ./average_gradients two MPI processes (when built with unison::mpi)
+//
+// Each rank computes "gradients" from its own shard of a synthetic batch, starts a
+// non-blocking all-reduce per layer as soon as that layer's gradient is ready (the
+// way backward produces them, last layer first), and checks the averaged result
+// against the gradient of the whole batch computed serially in double precision.
+
+#include <unison/unison.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int samples = 4096;
+const std::vector<std::size_t> layer_sizes = {1 << 20, 1 << 18, 4096, 1 << 16, 10};
+
+/// d(loss)/d(param) contributed by one sample: a deterministic stand-in for backward.
+double sample_gradient(int sample, std::size_t layer, std::size_t i) {
+    return std::sin(0.001 * static_cast<double>(sample + 1) * static_cast<double>(i + layer + 1));
+}
+
+template <unison::communicator C>
+int train_step(C& comm) {
+    const int rank = comm.rank(), ranks = comm.size();
+    const int first = samples * rank / ranks, last = samples * (rank + 1) / ranks;
+    std::vector<std::vector<float>> grads(layer_sizes.size());
+    std::vector<typename C::request_type> pending;
+
+    const auto start = std::chrono::steady_clock::now();
+    // "backward": the last layer's gradient is ready first
+    for (std::size_t layer = layer_sizes.size(); layer-- > 0;) {
+        auto& g = grads[layer];
+        g.assign(layer_sizes[layer], 0.0f);
+        for (int s = first; s < last; s += 64) { // a few samples stand in for the shard
+            for (std::size_t i = 0; i < g.size(); ++i) {
+                g[i] += static_cast<float>(sample_gradient(s, layer, i) / (samples / 64));
+            }
+        }
+        // every rank holds its share of the batch mean: their sum is the mean
+        pending.push_back(unison::all_reduce_async(comm, g, unison::reduce_op::sum));
+    }
+    unison::wait_all(std::span(pending));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+    // check against the whole batch, serially, in double
+    std::size_t wrong = 0, total = 0;
+    for (std::size_t layer = 0; layer < layer_sizes.size(); ++layer) {
+        for (std::size_t i = 0; i < grads[layer].size(); i += 97) {
+            double want = 0;
+            for (int s = 0; s < samples; s += 64) {
+                want += sample_gradient(s, layer, i) / (samples / 64);
+            }
+            wrong += std::fabs(grads[layer][i] - want) > 1e-4 * (1 + std::fabs(want));
+            ++total;
+        }
+    }
+    if (rank == 0) {
+        std::size_t params = 0;
+        for (auto n : layer_sizes) {
+            params += n;
+        }
+        std::printf("average_gradients: %d ranks, %zu parameters in %zu layers, step %.2f ms, "
+                    "%zu/%zu checked values wrong\n",
+                    ranks, params, layer_sizes.size(), seconds * 1e3, wrong, total);
+    }
+    return wrong == 0 ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    int threads = 2;
+    for (int i = 1; i < argc; ++i) {
+        if (std::string(argv[i]) == "-t" && i + 1 < argc) {
+            threads = std::atoi(argv[++i]);
+        }
+    }
+    const unison::launch_info launch = unison::detect_launch();
+#if UNISON_HAS_MPI()
+    if (launch.launcher != "none") { // started by mpirun, srun or torchrun
+        unison::mpi_environment env(argc, argv);
+        unison::mpi_communicator comm(MPI_COMM_WORLD);
+        return train_step(comm);
+    }
+#endif
+    if (launch.size > 1) {
+        std::fprintf(stderr, "average_gradients: launched as %d ranks but built without MPI\n",
+                     launch.size);
+        return 2;
+    }
+    std::atomic<int> failures{0};
+    unison::thread_world(threads).run(
+        [&](unison::thread_communicator& comm) { failures += train_step(comm); });
+    return failures == 0 ? 0 : 1;
+}
