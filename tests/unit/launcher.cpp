@@ -1,0 +1,273 @@
+// Launcher discovery (unison/comm/launcher.hpp) on fake environments: torchrun,
+// Open MPI, Slurm, their precedence, malformed values, and the choice of GPU.
+
+#include "unison/comm/launcher.hpp"
+
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <utility>
+
+namespace {
+
+/// A process environment as a map; looked up like std::getenv.
+struct fake_env {
+    std::map<std::string, std::string, std::less<>> vars;
+
+    fake_env(std::initializer_list<std::pair<const std::string, std::string>> v) : vars(v) {}
+
+    const char* operator()(const char* name) const {
+        const auto it = vars.find(name);
+        return it == vars.end() ? nullptr : it->second.c_str();
+    }
+};
+
+/// what() of the argument_error detect_launch throws for `env`, or "" if it returns.
+std::string launch_error(const fake_env& env) {
+    try {
+        (void)unison::detect_launch(env);
+    } catch (const unison::argument_error& e) {
+        CHECK(e.rank() == -1); // no rank is known yet
+        CHECK(e.operation() == "detect_launch");
+        return e.what();
+    }
+    return "";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+    return s.find(part) != std::string::npos;
+}
+
+const fake_env torchrun{
+    {"RANK", "5"}, {"WORLD_SIZE", "16"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}};
+
+const fake_env open_mpi{{"OMPI_COMM_WORLD_RANK", "6"},
+                        {"OMPI_COMM_WORLD_SIZE", "8"},
+                        {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
+
+/// 7 tasks on 4 nodes, "2(x3),1": nodes 0-2 run 2 tasks each, node 3 runs 1.
+fake_env slurm(int procid, int localid, int nodeid) {
+    return {{"SLURM_PROCID", std::to_string(procid)},
+            {"SLURM_LOCALID", std::to_string(localid)},
+            {"SLURM_NODEID", std::to_string(nodeid)},
+            {"SLURM_NTASKS", "7"},
+            {"SLURM_TASKS_PER_NODE", "2(x3),1"}};
+}
+
+fake_env with(fake_env env, const std::string& name, const std::string& value) {
+    env.vars[name] = value;
+    return env;
+}
+fake_env without(fake_env env, const std::string& name) {
+    env.vars.erase(name);
+    return env;
+}
+fake_env merged(fake_env a, const fake_env& b) {
+    a.vars.insert(b.vars.begin(), b.vars.end());
+    return a;
+}
+
+} // namespace
+
+TEST_CASE("launcher: no launcher means a one-rank job") {
+    const unison::launch_info info = unison::detect_launch(fake_env{{"PATH", "/usr/bin"}});
+    CHECK(info.rank == 0);
+    CHECK(info.size == 1);
+    CHECK(info.local_rank == 0);
+    CHECK(info.local_size == 1);
+    CHECK(info.launcher == "none");
+}
+
+TEST_CASE("launcher: torchrun") {
+    const unison::launch_info info = unison::detect_launch(torchrun);
+    CHECK(info.launcher == "torchrun");
+    CHECK(info.rank == 5);
+    CHECK(info.size == 16);
+    CHECK(info.local_rank == 1);
+    CHECK(info.local_size == 4);
+}
+
+TEST_CASE("launcher: Open MPI") {
+    const unison::launch_info info = unison::detect_launch(open_mpi);
+    CHECK(info.launcher == "openmpi");
+    CHECK(info.rank == 6);
+    CHECK(info.size == 8);
+    CHECK(info.local_rank == 2);
+    CHECK(info.local_size == 4);
+}
+
+TEST_CASE("launcher: Slurm expands SLURM_TASKS_PER_NODE for this node") {
+    SUBCASE("node 1 of 2(x3),1 runs 2 tasks") {
+        const unison::launch_info info = unison::detect_launch(slurm(3, 1, 1));
+        CHECK(info.launcher == "slurm");
+        CHECK(info.rank == 3);
+        CHECK(info.size == 7);
+        CHECK(info.local_rank == 1);
+        CHECK(info.local_size == 2);
+    }
+    SUBCASE("node 3 of 2(x3),1 runs 1 task") {
+        const unison::launch_info info = unison::detect_launch(slurm(6, 0, 3));
+        CHECK(info.rank == 6);
+        CHECK(info.local_rank == 0);
+        CHECK(info.local_size == 1);
+    }
+    SUBCASE("node 0 of 2(x3),1 runs 2 tasks") {
+        const unison::launch_info info = unison::detect_launch(slurm(0, 0, 0));
+        CHECK(info.local_size == 2);
+    }
+    SUBCASE("a list without repeats") {
+        const auto env = with(slurm(4, 0, 2), "SLURM_TASKS_PER_NODE", "3,1,1");
+        CHECK(unison::detect_launch(env).local_size == 1);
+    }
+    SUBCASE("without SLURM_TASKS_PER_NODE every task counts as local") {
+        const auto env = without(slurm(3, 1, 1), "SLURM_TASKS_PER_NODE");
+        const unison::launch_info info = unison::detect_launch(env);
+        CHECK(info.local_rank == 1);
+        CHECK(info.local_size == 7);
+    }
+}
+
+TEST_CASE("launcher: torchrun and mpirun inside a Slurm allocation win over Slurm") {
+    SUBCASE("torchrun") {
+        const unison::launch_info info = unison::detect_launch(merged(torchrun, slurm(0, 0, 0)));
+        CHECK(info.launcher == "torchrun");
+        CHECK(info.rank == 5);
+        CHECK(info.size == 16);
+        CHECK(info.local_rank == 1);
+        CHECK(info.local_size == 4);
+    }
+    SUBCASE("Open MPI") {
+        const unison::launch_info info = unison::detect_launch(merged(open_mpi, slurm(0, 0, 0)));
+        CHECK(info.launcher == "openmpi");
+        CHECK(info.rank == 6);
+        CHECK(info.local_rank == 2);
+    }
+    SUBCASE("torchrun over Open MPI") {
+        CHECK(unison::detect_launch(merged(torchrun, open_mpi)).launcher == "torchrun");
+    }
+}
+
+TEST_CASE("launcher: a malformed value throws argument_error naming the variable") {
+    struct example {
+        fake_env env;
+        const char* variable;
+    };
+    const example examples[] = {
+        {with(torchrun, "RANK", "five"), "RANK"},
+        {with(torchrun, "RANK", "-1"), "RANK"},
+        {with(torchrun, "RANK", ""), "RANK"},
+        {with(torchrun, "WORLD_SIZE", "16.0"), "WORLD_SIZE"},
+        {with(torchrun, "WORLD_SIZE", " 16"), "WORLD_SIZE"},
+        {with(torchrun, "LOCAL_RANK", "1a"), "LOCAL_RANK"},
+        {with(torchrun, "LOCAL_WORLD_SIZE", "0x4"), "LOCAL_WORLD_SIZE"},
+        {with(open_mpi, "OMPI_COMM_WORLD_RANK", "abc"), "OMPI_COMM_WORLD_RANK"},
+        {with(open_mpi, "OMPI_COMM_WORLD_LOCAL_SIZE", "+4"), "OMPI_COMM_WORLD_LOCAL_SIZE"},
+        {with(slurm(3, 1, 1), "SLURM_NTASKS", "seven"), "SLURM_NTASKS"},
+        {with(slurm(3, 1, 1), "SLURM_NODEID", "n1"), "SLURM_NODEID"},
+        {with(slurm(3, 1, 1), "SLURM_TASKS_PER_NODE", "2(x3"), "SLURM_TASKS_PER_NODE"},
+        {with(slurm(3, 1, 1), "SLURM_TASKS_PER_NODE", "2(xthree)"), "SLURM_TASKS_PER_NODE"},
+        {with(slurm(3, 1, 1), "SLURM_TASKS_PER_NODE", "two"), "SLURM_TASKS_PER_NODE"},
+        // Node 4 does not exist in 2(x3),1.
+        {with(slurm(6, 0, 4), "SLURM_TASKS_PER_NODE", "2(x3),1"), "SLURM_TASKS_PER_NODE"},
+    };
+    for (const example& e : examples) {
+        const std::string what = launch_error(e.env);
+        INFO("variable ", std::string(e.variable), ": ", what);
+        CHECK(contains(what, "unison: detect_launch: "));
+        CHECK(contains(what, e.variable));
+    }
+}
+
+TEST_CASE("launcher: a missing partner variable throws argument_error naming it") {
+    struct example {
+        fake_env env;
+        const char* variable;
+    };
+    const example examples[] = {
+        {without(open_mpi, "OMPI_COMM_WORLD_SIZE"), "OMPI_COMM_WORLD_SIZE"},
+        {without(open_mpi, "OMPI_COMM_WORLD_LOCAL_RANK"), "OMPI_COMM_WORLD_LOCAL_RANK"},
+        {without(slurm(3, 1, 1), "SLURM_NTASKS"), "SLURM_NTASKS"},
+        {without(slurm(3, 1, 1), "SLURM_LOCALID"), "SLURM_LOCALID"},
+    };
+    for (const example& e : examples) {
+        const std::string what = launch_error(e.env);
+        INFO("variable ", std::string(e.variable), ": ", what);
+        CHECK(contains(what, e.variable));
+    }
+}
+
+TEST_CASE("launcher: inconsistent values throw argument_error") {
+    const fake_env examples[] = {
+        with(torchrun, "RANK", "16"),                            // rank == size
+        with(torchrun, "WORLD_SIZE", "0"),                       // empty job
+        with(torchrun, "LOCAL_RANK", "4"),                       // local rank == local size
+        with(torchrun, "LOCAL_WORLD_SIZE", "32"),                // more local than global ranks
+        with(open_mpi, "OMPI_COMM_WORLD_RANK", "9"),             // rank > size
+        with(open_mpi, "OMPI_COMM_WORLD_LOCAL_RANK", "4"),       // local rank == local size
+        slurm(7, 0, 3),                                          // rank == size
+        slurm(6, 1, 3),                                          // node 3 runs 1 task only
+        with(slurm(3, 1, 1), "SLURM_TASKS_PER_NODE", "8(x3),1"), // 8 local > 7 tasks
+    };
+    for (const fake_env& env : examples) {
+        const std::string what = launch_error(env);
+        INFO(what);
+        CHECK(contains(what, "unison: detect_launch: "));
+    }
+}
+
+// launcher.hpp promises: "Throws argument_error naming the variable when one is set
+// but malformed or inconsistent".
+TEST_CASE("launcher: inconsistent values name the variables involved") {
+    struct example {
+        fake_env env;
+        std::initializer_list<const char*> variables;
+    };
+    const example examples[] = {
+        {with(torchrun, "RANK", "16"), {"RANK", "WORLD_SIZE"}},
+        {with(torchrun, "LOCAL_RANK", "4"), {"LOCAL_RANK", "LOCAL_WORLD_SIZE"}},
+        {with(open_mpi, "OMPI_COMM_WORLD_RANK", "9"),
+         {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}},
+        {with(open_mpi, "OMPI_COMM_WORLD_LOCAL_RANK", "4"),
+         {"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"}},
+        {slurm(7, 0, 3), {"SLURM_PROCID", "SLURM_NTASKS"}},
+        {slurm(6, 1, 3), {"SLURM_LOCALID", "SLURM_TASKS_PER_NODE"}},
+    };
+    for (const example& e : examples) {
+        const std::string what = launch_error(e.env);
+        for (const char* variable : e.variables) {
+            INFO("variable ", std::string(variable), ": ", what);
+            CHECK(contains(what, variable));
+        }
+    }
+}
+
+TEST_CASE("launcher: local_device picks the GPU by local rank") {
+    unison::launch_info info;
+    info.rank = 9;
+    info.size = 16;
+    info.local_rank = 1;
+    info.local_size = 8;
+    CHECK(unison::local_device(info, 8) == 1); // never the global rank 9
+
+    info.local_rank = 7;
+    CHECK(unison::local_device(info, 8) == 7);
+
+    info.local_rank = 8;
+    info.local_size = 16;
+    try {
+        (void)unison::local_device(info, 8);
+        FAIL("local rank 8 with 8 GPUs must throw");
+    } catch (const unison::argument_error& e) {
+        INFO(std::string(e.what()));
+        CHECK(e.rank() == 9);
+        CHECK(e.operation() == "local_device");
+        CHECK(contains(e.what(), "local rank 8"));
+    }
+
+    info.local_rank = 0;
+    CHECK_THROWS_AS((void)unison::local_device(info, 0), unison::argument_error);
+}
