@@ -1,0 +1,370 @@
+#pragma once
+
+/// \file
+/// unison-bench's command line: nccl-tests' options (-b -e -f -n -w -c -d -o -r -t)
+/// plus the collective, the backend, the output format and the baselines.
+
+#include "collective_shape.hpp"
+
+#include <unison/core/dtype.hpp>
+#include <unison/core/reduce_op.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace unison::bench {
+
+/// Which communicator the collectives run on.
+enum class backend_kind : std::uint8_t { thread, mpi, nccl };
+
+constexpr std::string_view to_string(backend_kind b) noexcept {
+    switch (b) {
+    case backend_kind::thread:
+        return "thread";
+    case backend_kind::mpi:
+        return "mpi";
+    case backend_kind::nccl:
+        return "nccl";
+    }
+    return "?";
+}
+
+/// How results are written to stdout.
+enum class output_format : std::uint8_t { text, json, csv };
+
+/// Everything one run of unison-bench is asked to do.
+struct bench_config {
+    std::size_t min_bytes = std::size_t{32} << 20;            ///< -b (nccl-tests' default)
+    std::size_t max_bytes = std::size_t{32} << 20;            ///< -e
+    std::size_t step_factor = 2;                              ///< -f
+    int iters = 20;                                           ///< -n
+    int warmup_iters = 5;                                     ///< -w
+    bool check = true;                                        ///< -c
+    dtype type = dtype::f32;                                  ///< -d
+    reduce_op op = reduce_op::sum;                            ///< -o
+    collective_kind collective = collective_kind::all_reduce; ///< -C
+    backend_kind backend = backend_kind::thread;              ///< -B
+    int thread_ranks = 2;                                     ///< -t
+    bool thread_ranks_given = false;
+    int root = 0; ///< -r
+    output_format format = output_format::text;
+    bool baseline = false;
+    bool help = false;
+};
+
+/// A command line unison-bench cannot run; main prints it and exits with 2.
+class usage_error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// The -h text.
+inline std::string usage_text(std::string_view program) {
+    std::string s = "usage: ";
+    s += program;
+    s += R"( [options]
+
+Times unison's collectives the way NVIDIA's nccl-tests time NCCL, and prints the
+same table (size, count, type, redop, root, then time, algbw, busbw and #wrong
+out of place and in place).
+
+  -b, --minbytes <size>      smallest size, bytes; K, M, G suffixes (x1024) [32M]
+  -e, --maxbytes <size>      largest size [32M]
+  -f, --stepfactor <n>       multiply the size by n at each step, n >= 2 [2]
+  -n, --iters <n>            timed iterations per size [20]
+  -w, --warmup_iters <n>     warm-up iterations at the largest and smallest size [5]
+  -c, --check <0|1>          check one extra call per size against a serial
+                             double-precision reference, counted in #wrong [1]
+  -d, --datatype <type>      float, half, bfloat16, double, int32, int64, int8, uint8 [float]
+  -o, --op <op>              sum, prod, min, max, avg (avg: floating types only) [sum]
+  -C, --collective <name>    all_reduce, all_gather, reduce_scatter, broadcast [all_reduce]
+  -B, --backend <name>       thread, mpi (run under mpiexec), nccl [thread]
+  -t, --nthreads <n>         ranks of the thread backend [2]
+  -r, --root <rank>          root of broadcast [0]
+      --format <fmt>         text, json or csv [text]
+      --baseline             also time references: local-add (a single-threaded
+                             c[i] = a[i] + b[i] over the same bytes on rank 0) and,
+                             with -B mpi, raw-mpi (the same collective in plain MPI)
+  -h, --help                 this text
+
+Sizes, bandwidths and the #wrong column follow nccl-tests: size is the larger of
+the per-rank send and receive bytes, algbw = size / time, busbw = algbw times
+2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for
+broadcast. time is the mean over -n back-to-back calls, the slowest rank's.
+The exit status is 0, 1 when a result was wrong, 2 for a bad command line.
+)";
+    return s;
+}
+
+namespace detail {
+
+/// Parses "8", "64K", "32M", "1G" (binary multiples, like nccl-tests; an optional
+/// trailing "B" or "iB" is accepted).
+inline std::optional<std::size_t> parse_bytes(std::string_view s) {
+    std::size_t digits = 0;
+    while (digits < s.size() && s[digits] >= '0' && s[digits] <= '9') {
+        ++digits;
+    }
+    if (digits == 0 || digits > 18) {
+        return std::nullopt;
+    }
+    std::size_t value = 0;
+    for (std::size_t i = 0; i < digits; ++i) {
+        value = value * 10 + static_cast<std::size_t>(s[i] - '0');
+    }
+    std::string_view unit = s.substr(digits);
+    if (unit.ends_with("iB")) {
+        unit.remove_suffix(2);
+    } else if (unit.size() == 2 && unit.back() == 'B') {
+        unit.remove_suffix(1);
+    } else if (unit == "B") {
+        unit = {};
+    }
+    unsigned shift = 0;
+    if (unit.empty()) {
+        shift = 0;
+    } else if (unit == "K" || unit == "k") {
+        shift = 10;
+    } else if (unit == "M" || unit == "m") {
+        shift = 20;
+    } else if (unit == "G" || unit == "g") {
+        shift = 30;
+    } else {
+        return std::nullopt;
+    }
+    if (value > (std::numeric_limits<std::size_t>::max() >> shift)) {
+        return std::nullopt;
+    }
+    return value << shift;
+}
+
+inline std::optional<long long> parse_integer(std::string_view s) {
+    if (s.empty() || s.size() > 18) {
+        return std::nullopt;
+    }
+    bool negative = false;
+    if (s.front() == '-') {
+        negative = true;
+        s.remove_prefix(1);
+        if (s.empty()) {
+            return std::nullopt;
+        }
+    }
+    long long v = 0;
+    for (char c : s) {
+        if (c < '0' || c > '9') {
+            return std::nullopt;
+        }
+        v = v * 10 + (c - '0');
+    }
+    return negative ? -v : v;
+}
+
+inline std::optional<reduce_op> parse_reduce_op(std::string_view s) {
+    for (reduce_op op :
+         {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg}) {
+        if (s == to_string(op)) {
+            return op;
+        }
+    }
+    return std::nullopt;
+}
+
+} // namespace detail
+
+/// Parses the command line; throws usage_error naming the offending option.
+inline bench_config parse_command_line(int argc, const char* const* argv) {
+    struct option_spec {
+        char short_name;
+        std::string_view long_name;
+        bool takes_value;
+    };
+    static constexpr option_spec specs[] = {
+        {'b', "minbytes", true}, {'e', "maxbytes", true},     {'f', "stepfactor", true},
+        {'n', "iters", true},    {'w', "warmup_iters", true}, {'c', "check", true},
+        {'d', "datatype", true}, {'o', "op", true},           {'C', "collective", true},
+        {'B', "backend", true},  {'t', "nthreads", true},     {'r', "root", true},
+        {'\0', "format", true},  {'\0', "baseline", false},   {'h', "help", false},
+    };
+
+    bench_config cfg;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        const option_spec* spec = nullptr;
+        std::optional<std::string_view> inline_value;
+        if (arg.starts_with("--")) {
+            std::string_view name = arg.substr(2);
+            if (const auto eq = name.find('='); eq != std::string_view::npos) {
+                inline_value = name.substr(eq + 1);
+                name = name.substr(0, eq);
+            }
+            for (const auto& s : specs) {
+                if (s.long_name == name) {
+                    spec = &s;
+                }
+            }
+        } else if (arg.size() >= 2 && arg[0] == '-') {
+            for (const auto& s : specs) {
+                if (s.short_name != '\0' && s.short_name == arg[1]) {
+                    spec = &s;
+                }
+            }
+            if (spec != nullptr && arg.size() > 2) {
+                inline_value = arg.substr(2); // -b8
+            }
+        } else {
+            throw usage_error("unexpected argument '" + std::string(arg) + "'");
+        }
+        if (spec == nullptr) {
+            throw usage_error("unknown option '" + std::string(arg) + "'");
+        }
+        const std::string shown = spec->short_name != '\0' ? "-" + std::string(1, spec->short_name)
+                                                           : "--" + std::string(spec->long_name);
+        std::string_view value;
+        if (spec->takes_value) {
+            if (inline_value) {
+                value = *inline_value;
+            } else if (i + 1 < argc) {
+                value = argv[++i];
+            } else {
+                throw usage_error("option " + shown + " needs a value");
+            }
+        } else if (inline_value) {
+            throw usage_error("option " + shown + " takes no value");
+        }
+        auto bad = [&](std::string_view what) -> usage_error {
+            return usage_error("option " + shown + ": '" + std::string(value) + "' is not " +
+                               std::string(what));
+        };
+        auto integer_in = [&](long long lo, long long hi, std::string_view what) {
+            const auto v = detail::parse_integer(value);
+            if (!v || *v < lo || *v > hi) {
+                throw bad(what);
+            }
+            return *v;
+        };
+
+        switch (spec->short_name) {
+        case 'b':
+        case 'e': {
+            const auto v = detail::parse_bytes(value);
+            if (!v) {
+                throw bad("a size (a number with an optional K, M or G suffix)");
+            }
+            (spec->short_name == 'b' ? cfg.min_bytes : cfg.max_bytes) = *v;
+            break;
+        }
+        case 'f':
+            cfg.step_factor =
+                static_cast<std::size_t>(integer_in(2, 1 << 20, "a step factor >= 2"));
+            break;
+        case 'n':
+            cfg.iters = static_cast<int>(integer_in(1, 1 << 30, "an iteration count >= 1"));
+            break;
+        case 'w':
+            cfg.warmup_iters =
+                static_cast<int>(integer_in(0, 1 << 30, "a warm-up iteration count >= 0"));
+            break;
+        case 'c':
+            cfg.check = integer_in(0, 1, "0 or 1") == 1;
+            break;
+        case 'd': {
+            const auto t = parse_dtype(value);
+            if (!t) {
+                throw bad("a data type (float, half, bfloat16, double, int32, int64, int8, "
+                          "uint8)");
+            }
+            cfg.type = *t;
+            break;
+        }
+        case 'o': {
+            const auto op = detail::parse_reduce_op(value);
+            if (!op) {
+                throw bad("a reduction (sum, prod, min, max, avg)");
+            }
+            cfg.op = *op;
+            break;
+        }
+        case 'C': {
+            const auto c = parse_collective(value);
+            if (!c) {
+                throw bad("a collective (all_reduce, all_gather, reduce_scatter, broadcast)");
+            }
+            cfg.collective = *c;
+            break;
+        }
+        case 'B':
+            if (value == "thread") {
+                cfg.backend = backend_kind::thread;
+            } else if (value == "mpi") {
+                cfg.backend = backend_kind::mpi;
+            } else if (value == "nccl") {
+                cfg.backend = backend_kind::nccl;
+            } else {
+                throw bad("a backend (thread, mpi, nccl)");
+            }
+            break;
+        case 't':
+            cfg.thread_ranks = static_cast<int>(integer_in(1, 4096, "a rank count in [1, 4096]"));
+            cfg.thread_ranks_given = true;
+            break;
+        case 'r':
+            cfg.root = static_cast<int>(integer_in(0, 1 << 30, "a rank >= 0"));
+            break;
+        case 'h':
+            cfg.help = true;
+            break;
+        default:
+            if (spec->long_name == "format") {
+                if (value == "text") {
+                    cfg.format = output_format::text;
+                } else if (value == "json") {
+                    cfg.format = output_format::json;
+                } else if (value == "csv") {
+                    cfg.format = output_format::csv;
+                } else {
+                    throw bad("an output format (text, json, csv)");
+                }
+            } else if (spec->long_name == "baseline") {
+                cfg.baseline = true;
+            }
+            break;
+        }
+    }
+    if (cfg.help) {
+        return cfg;
+    }
+
+    if (cfg.min_bytes == 0) {
+        throw usage_error("-b 0: the smallest size must be at least 1 byte");
+    }
+    if (cfg.min_bytes > cfg.max_bytes) {
+        throw usage_error("-b " + std::to_string(cfg.min_bytes) + " is larger than -e " +
+                          std::to_string(cfg.max_bytes));
+    }
+    if (cfg.max_bytes < size_of(cfg.type)) {
+        throw usage_error("-e " + std::to_string(cfg.max_bytes) + " is smaller than one " +
+                          std::string(to_string(cfg.type)) + " element");
+    }
+    if (cfg.op == reduce_op::avg && !is_floating(cfg.type) && reduces(cfg.collective)) {
+        throw usage_error("-o avg needs a floating-point type (unison rejects avg on " +
+                          std::string(to_string(cfg.type)) + ": integer division truncates)");
+    }
+    if (cfg.thread_ranks_given && cfg.backend != backend_kind::thread) {
+        throw usage_error("-t sets the thread backend's ranks; with -B " +
+                          std::string(to_string(cfg.backend)) +
+                          " the ranks are the processes mpiexec starts");
+    }
+    if (cfg.backend == backend_kind::thread && cfg.root >= cfg.thread_ranks) {
+        throw usage_error("-r " + std::to_string(cfg.root) + " is not a rank of " +
+                          std::to_string(cfg.thread_ranks) + " (-t)");
+    }
+    return cfg;
+}
+
+} // namespace unison::bench

@@ -1,0 +1,805 @@
+/// \file
+/// unison-bench: nccl-tests' all_reduce_perf (and friends) for unison's backends.
+///
+///     unison-bench -b 8 -e 64M -f 4 -t 4                         # thread backend
+///     mpiexec -n 4 unison-bench -B mpi -b 8 -e 64M --baseline    # MPI, with raw MPI
+///     mpiexec -n 8 unison-bench -B nccl -b 8 -e 8G               # NCCL, a GPU per process
+///
+/// Timing follows nccl-tests' BenchTime: one untimed call, a barrier, then -n calls
+/// back to back between two clock reads; the reported time is the mean per call of
+/// the slowest rank. Consecutive timed calls move through the buffers (nccl-tests'
+/// per-iteration offset) so that small sizes are not timed on the same cache lines
+/// over and over. With -c 1 one more call per size runs on fresh data outside the
+/// timed loop and every rank counts its wrong elements against a serial reference.
+
+#include "bench_config.hpp"
+#include "collective_call.hpp"
+#include "collective_shape.hpp"
+#include "data_pattern.hpp"
+#include "report.hpp"
+
+#include <unison/comm.hpp>
+#include <unison/core.hpp>
+#include <unison/thread.hpp>
+
+#if UNISON_HAS_MPI()
+#include <unison/mpi.hpp>
+
+#include <mpi.h>
+#endif
+
+#if UNISON_HAS_NCCL()
+#include <unison/nccl.hpp>
+
+#include <cuda_runtime_api.h>
+#endif
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <climits>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace unison::bench {
+namespace {
+
+using bench_clock = std::chrono::steady_clock;
+
+/// What the driver needs besides the collective: a barrier, completion of
+/// outstanding work, and the max and sum of one value over the ranks.
+template <class C>
+concept rank_control = requires(C& c, double d, std::uint64_t u) {
+    c.barrier();
+    c.finish();
+    { c.max(d) } -> std::same_as<double>;
+    { c.sum(u) } -> std::same_as<std::uint64_t>;
+};
+
+/// The control plane of a host communicator, through unison itself.
+template <communicator Comm>
+struct unison_control {
+    Comm& comm;
+
+    void barrier() { unison::barrier(comm); }
+    void finish() {} // blocking calls: nothing outstanding
+    double max(double v) {
+        std::array<double, 1> a{v};
+        unison::all_reduce(comm, a, reduce_op::max);
+        return a[0];
+    }
+    std::uint64_t sum(std::uint64_t v) {
+        std::array<std::int64_t, 1> a{static_cast<std::int64_t>(v)};
+        unison::all_reduce(comm, a, reduce_op::sum);
+        return static_cast<std::uint64_t>(a[0]);
+    }
+};
+
+/// c[i] = a[i] + b[i] in the benchmark's dtype (16-bit floats through float, as
+/// unison reduces them): the single-threaded memory-speed reference.
+template <class T>
+[[gnu::noinline]] void add_arrays(const T* a, const T* b, T* c, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+        if constexpr (is_16bit_float_v<T>) {
+            c[i] = T(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+        } else {
+            c[i] = static_cast<T>(a[i] + b[i]);
+        }
+    }
+}
+
+/// The requested sizes: min, min * f, ... up to max.
+std::vector<std::size_t> bench_sizes(const bench_config& cfg) {
+    std::vector<std::size_t> sizes;
+    for (std::size_t b = cfg.min_bytes; b <= cfg.max_bytes; b *= cfg.step_factor) {
+        sizes.push_back(b);
+        if (b > cfg.max_bytes / cfg.step_factor) {
+            break;
+        }
+    }
+    return sizes;
+}
+
+/// Byte offset of timed call `iter`: nccl-tests moves each call to the next
+/// `size`-sized slot of the max-size buffer, wrapping around.
+std::size_t shift_for(std::size_t iter, std::size_t size, std::size_t capacity) {
+    const std::size_t steps = size == 0 ? 1 : std::max<std::size_t>(1, capacity / size);
+    return size * (iter % steps);
+}
+
+/// A rank's benchmark buffers in host memory (thread and MPI backends), each the
+/// size of the largest call, allocated once and reused for every size.
+class host_buffers {
+public:
+    explicit host_buffers(std::size_t bytes) : send_(bytes), recv_(bytes) {}
+
+    std::byte* send() noexcept { return send_.data(); }
+    std::byte* recv() noexcept { return recv_.data(); }
+
+    /// Writes the inputs of one checked call (see prepare_inputs).
+    void prepare(const check_site& c, const data_pattern& p, bool in_place) {
+        prepare_inputs(c, p, in_place, send(), recv());
+    }
+
+    /// Wrong elements of this rank's result; `result_at_start` as in rank_driver.
+    std::uint64_t wrong(const check_site& c, const data_pattern& p, bool in_place,
+                        bool result_at_start) {
+        return count_wrong(c, p, result_at_start ? recv() : result_of(c, in_place, recv()));
+    }
+
+private:
+    host_memory send_;
+    host_memory recv_;
+};
+
+/// One rank's side of a benchmark run. `Memory` holds the rank's buffers
+/// (host_buffers, or device_buffers for NCCL).
+template <rank_control Control, class Memory>
+class rank_driver {
+public:
+    rank_driver(const bench_config& cfg, Control& ctl, Memory& mem, int rank, int ranks)
+        : cfg_(cfg), ctl_(ctl), mem_(mem), rank_(rank), ranks_(ranks),
+          pattern_op_(reduces(cfg.collective) ? cfg.op : reduce_op::sum) {}
+
+    /// nccl-tests' warm-up: -w out-of-place calls at the largest, then the smallest size.
+    template <class Call>
+    void warm_up(Call& call) {
+        for (std::size_t bytes : {cfg_.max_bytes, cfg_.min_bytes}) {
+            const collective_shape s = shape(bytes);
+            for (int i = 0; i < cfg_.warmup_iters; ++i) {
+                const std::size_t off =
+                    shift_for(static_cast<std::size_t>(i), s.size_bytes(), cfg_.max_bytes);
+                call(mem_.send() + off, mem_.recv() + off, s, false);
+            }
+        }
+        ctl_.finish();
+        ctl_.barrier();
+    }
+
+    /// Times every size; rows go to `out` on the rank that has one. With `reference`
+    /// (unison's rows) each row also gets unison's time over this one.
+    /// `result_at_start`: the in-place reduce_scatter result is at offset 0 (MPI's
+    /// convention) rather than at block `rank` (unison's and NCCL's).
+    template <class Call>
+    std::vector<size_result> run_table(Call& call, reporter* out, bool baseline,
+                                       const std::vector<size_result>* reference = nullptr,
+                                       bool result_at_start = false) {
+        std::vector<size_result> rows;
+        for (std::size_t bytes : bench_sizes(cfg_)) {
+            const collective_shape s = shape(bytes);
+            size_result r{s, time_side(call, s, false, false),
+                          time_side(call, s, true, result_at_start)};
+            if (reference != nullptr && rows.size() < reference->size()) {
+                set_ratios(r, (*reference)[rows.size()]);
+            }
+            if (out != nullptr) {
+                baseline ? out->baseline_row(r) : out->row(r);
+            }
+            rows.push_back(r);
+        }
+        return rows;
+    }
+
+    /// The local-add baseline: rank 0 times c = a + b and a += b over each size's
+    /// bytes while the other ranks wait.
+    void run_local_add(const std::vector<size_result>& reference, reporter* out) {
+        if (rank_ == 0) {
+            host_memory a(cfg_.max_bytes), b(cfg_.max_bytes), c(cfg_.max_bytes);
+            const std::size_t whole = cfg_.max_bytes / size_of(cfg_.type);
+            fill_input(cfg_.type, data_pattern{0, reduce_op::sum}, 0, a.data(), 0, whole);
+            fill_input(cfg_.type, data_pattern{0, reduce_op::sum}, 1, b.data(), 0, whole);
+            std::size_t index = 0;
+            for (std::size_t bytes : bench_sizes(cfg_)) {
+                const collective_shape s = shape(bytes);
+                size_result r{s, time_add(a, b, c, s.size_bytes(), false),
+                              time_add(a, b, c, s.size_bytes(), true)};
+                if (index < reference.size()) {
+                    set_ratios(r, reference[index++]);
+                }
+                if (out != nullptr) {
+                    out->baseline_row(r);
+                }
+            }
+        }
+        ctl_.barrier();
+    }
+
+private:
+    collective_shape shape(std::size_t bytes) const {
+        return shape_for(cfg_.collective, bytes, cfg_.type, ranks_);
+    }
+
+    check_site site(const collective_shape& s) const {
+        return {cfg_.collective, s, cfg_.type, cfg_.op, rank_, ranks_, cfg_.root};
+    }
+
+    static void set_ratios(size_result& r, const size_result& unison_row) {
+        auto ratio = [](const side_result& u, side_result& b) {
+            if (b.seconds > 0) {
+                b.ratio = u.seconds / b.seconds;
+            }
+        };
+        ratio(unison_row.out_of_place, r.out_of_place);
+        ratio(unison_row.in_place, r.in_place);
+    }
+
+    /// nccl-tests' BenchTime for one size and one side.
+    template <class Call>
+    side_result time_side(Call& call, const collective_shape& s, bool in_place,
+                          bool result_at_start) {
+        std::byte* send = mem_.send();
+        std::byte* recv = mem_.recv();
+        if (cfg_.check) { // time on the data that is checked, as nccl-tests does
+            mem_.prepare(site(s), data_pattern{0, pattern_op_}, in_place);
+        }
+        call(send, recv, s, in_place);
+        ctl_.finish();
+        ctl_.barrier();
+
+        const auto start = bench_clock::now();
+        for (int i = 0; i < cfg_.iters; ++i) {
+            const std::size_t off =
+                shift_for(static_cast<std::size_t>(i), s.size_bytes(), cfg_.max_bytes);
+            call(send + off, recv + off, s, in_place);
+        }
+        ctl_.finish();
+        const std::chrono::duration<double> elapsed = bench_clock::now() - start;
+        const double seconds = ctl_.max(elapsed.count() / cfg_.iters);
+
+        side_result r;
+        r.seconds = seconds;
+        r.algbw = algbw_gbps(s, seconds);
+        r.busbw = r.algbw * bus_factor(cfg_.collective, ranks_);
+        if (cfg_.check) {
+            const data_pattern p{++seed_, pattern_op_};
+            mem_.prepare(site(s), p, in_place);
+            call(send, recv, s, in_place);
+            ctl_.finish();
+            r.wrong = ctl_.sum(mem_.wrong(site(s), p, in_place, result_at_start));
+        }
+        return r;
+    }
+
+    side_result time_add(host_memory& a, host_memory& b, host_memory& c, std::size_t bytes,
+                         bool in_place) const {
+        const std::size_t n = bytes / size_of(cfg_.type);
+        return visit_dtype(cfg_.type, [&]<class T>(std::type_identity<T>) {
+            auto one = [&](std::size_t off) {
+                const T* pa = reinterpret_cast<const T*>(a.data() + off);
+                const T* pb = reinterpret_cast<const T*>(b.data() + off);
+                T* pc = reinterpret_cast<T*>((in_place ? a : c).data() + off);
+                add_arrays(pa, pb, pc, n);
+            };
+            one(0);
+            const auto start = bench_clock::now();
+            for (int i = 0; i < cfg_.iters; ++i) {
+                one(shift_for(static_cast<std::size_t>(i), bytes, cfg_.max_bytes));
+            }
+            const std::chrono::duration<double> elapsed = bench_clock::now() - start;
+            side_result r;
+            r.seconds = elapsed.count() / cfg_.iters;
+            r.algbw = r.seconds > 0 ? static_cast<double>(bytes) / 1e9 / r.seconds : 0.0;
+            return r;
+        });
+    }
+
+    const bench_config& cfg_;
+    Control& ctl_;
+    Memory& mem_;
+    int rank_;
+    int ranks_;
+    reduce_op pattern_op_;
+    std::uint64_t seed_ = 0;
+};
+
+/// Totals of a main table, as nccl-tests' closing lines print them.
+struct table_summary {
+    std::uint64_t wrong = 0;
+    double avg_busbw = 0;
+};
+
+table_summary summarize(const std::vector<size_result>& rows) {
+    table_summary t;
+    double sum = 0;
+    int n = 0;
+    for (const size_result& r : rows) {
+        for (const side_result* s : {&r.out_of_place, &r.in_place}) {
+            t.wrong += s->wrong.value_or(0);
+            sum += s->busbw.value_or(0);
+            ++n;
+        }
+    }
+    t.avg_busbw = n > 0 ? sum / n : 0;
+    return t;
+}
+
+run_info make_run_info(const bench_config& cfg, int ranks, std::vector<std::string> lines) {
+    run_info info;
+    info.config = &cfg;
+    info.ranks = ranks;
+    info.root = cfg.collective == collective_kind::broadcast ? cfg.root : -1;
+    info.op_name = reduces(cfg.collective) ? std::string(to_string(cfg.op)) : "none";
+    info.rank_lines = std::move(lines);
+    return info;
+}
+
+std::string host_name() {
+    char name[256] = {};
+    if (gethostname(name, sizeof name - 1) != 0) {
+        return "unknown";
+    }
+    return name;
+}
+
+std::string rank_line(int rank, std::string_view device) {
+    char line[512];
+    std::snprintf(line, sizeof line, "Rank %2d Pid %6d on %10s device %.*s", rank,
+                  static_cast<int>(getpid()), host_name().c_str(), static_cast<int>(device.size()),
+                  device.data());
+    return line;
+}
+
+constexpr std::string_view local_add_description =
+    "single-threaded c[i] = a[i] + b[i] (out of place) and a[i] += b[i] (in place) over "
+    "`size` bytes of the same dtype on rank 0, timed the same way: the host's memory speed";
+
+/// The whole run on one rank: warm-up, main table, baselines. `out` is non-null on
+/// rank 0 only. `raw_table` runs the raw-MPI baseline (or reports why it cannot);
+/// a non-empty `no_local_add` says why the local-add baseline does not apply.
+/// Returns the total of #wrong, known on every rank.
+template <rank_control Control, class Memory, class Call, class RawTable>
+std::uint64_t run_rank(const bench_config& cfg, Control& ctl, Memory& mem, Call& call, int rank,
+                       int ranks, reporter* out, RawTable&& raw_table,
+                       std::string_view no_local_add = {}) {
+    rank_driver<Control, Memory> driver(cfg, ctl, mem, rank, ranks);
+    driver.warm_up(call);
+    const std::vector<size_result> rows = driver.run_table(call, out, false);
+    const table_summary total = summarize(rows);
+    if (out != nullptr) {
+        out->end_main(total.wrong, total.avg_busbw);
+    }
+    if (cfg.baseline) {
+        raw_table(driver, rows, out);
+        if (!no_local_add.empty()) {
+            if (out != nullptr) {
+                out->skip_baseline("local-add", no_local_add);
+            }
+        } else {
+            if (out != nullptr) {
+                out->begin_baseline("local-add", local_add_description);
+            }
+            driver.run_local_add(rows, out);
+        }
+    }
+    if (out != nullptr) {
+        out->finish();
+    }
+    return total.wrong;
+}
+
+/// For backends other than MPI: the raw-MPI baseline does not apply.
+void no_raw_table(const std::vector<size_result>&, reporter* out) {
+    if (out != nullptr) {
+        out->skip_baseline("raw-mpi", "needs -B mpi");
+    }
+}
+
+// ------------------------------------------------------------------ thread backend
+
+int run_thread_backend(const bench_config& cfg) {
+    const std::unique_ptr<reporter> out = make_reporter(cfg.format);
+    std::vector<std::string> lines;
+    for (int r = 0; r < cfg.thread_ranks; ++r) {
+        lines.push_back(rank_line(r, "host (thread " + std::to_string(r) + ")"));
+    }
+    const run_info info = make_run_info(cfg, cfg.thread_ranks, std::move(lines));
+    std::uint64_t wrong = 0;
+    thread_world(cfg.thread_ranks).run([&](thread_communicator& comm) {
+        unison_control<thread_communicator> ctl{comm};
+        unison_call<thread_communicator> call{comm, cfg.collective, cfg.type, cfg.op, cfg.root};
+        host_buffers mem(cfg.max_bytes); // allocated and first touched by its rank
+        reporter* mine = comm.rank() == 0 ? out.get() : nullptr;
+        if (mine != nullptr) {
+            mine->begin(info);
+        }
+        const std::uint64_t w = run_rank(cfg, ctl, mem, call, comm.rank(), comm.size(), mine,
+                                         [](auto&, const std::vector<size_result>& rows,
+                                            reporter* o) { no_raw_table(rows, o); });
+        if (comm.rank() == 0) {
+            wrong = w;
+        }
+    });
+    return wrong == 0 ? 0 : 1;
+}
+
+// --------------------------------------------------------------------- MPI backend
+
+#if UNISON_HAS_MPI()
+
+/// Throws when an MPI call of the benchmark itself fails.
+void check_mpi(int rc, const char* what) {
+    if (rc != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING] = {};
+        int len = 0;
+        MPI_Error_string(rc, text, &len);
+        throw std::runtime_error(std::string(what) + " failed: " + text);
+    }
+}
+
+/// The control plane of the MPI runs: plain MPI, as nccl-tests does it.
+struct mpi_control {
+    MPI_Comm comm;
+
+    void barrier() { check_mpi(MPI_Barrier(comm), "MPI_Barrier"); }
+    void finish() {}
+    double max(double v) {
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, comm), "MPI_Allreduce");
+        return v;
+    }
+    std::uint64_t sum(std::uint64_t v) {
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_SUM, comm), "MPI_Allreduce");
+        return v;
+    }
+};
+
+/// Every rank's "Rank ... Pid ... on host device ..." line, gathered on rank 0
+/// (empty elsewhere).
+std::vector<std::string> gather_rank_lines(int rank, int ranks, const std::string& mine) {
+    constexpr int line_bytes = 256;
+    std::vector<char> own(line_bytes, '\0');
+    std::copy_n(mine.begin(), std::min<std::size_t>(mine.size(), line_bytes - 1), own.begin());
+    std::vector<char> all(rank == 0 ? static_cast<std::size_t>(ranks) * line_bytes : 0);
+    check_mpi(MPI_Gather(own.data(), line_bytes, MPI_CHAR, all.data(), line_bytes, MPI_CHAR, 0,
+                         MPI_COMM_WORLD),
+              "MPI_Gather");
+    std::vector<std::string> lines;
+    for (int r = 0; rank == 0 && r < ranks; ++r) {
+        lines.emplace_back(all.data() + static_cast<std::size_t>(r) * line_bytes);
+    }
+    return lines;
+}
+
+/// Runs `fn()` between MPI_Init and MPI_Finalize; an error on one rank aborts the
+/// job, since the other ranks would wait for it forever.
+template <class Fn>
+int with_mpi(int& argc, char**& argv, Fn&& fn) {
+    mpi_environment env(argc, argv);
+    try {
+        return fn();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "unison-bench: %s\n", e.what());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        return 1;
+    }
+}
+
+/// The MPI datatype of `t` for the raw-MPI baseline, or null where MPI has none
+/// (16-bit floats can only be moved, as 16-bit integers, not reduced).
+MPI_Datatype raw_mpi_type(dtype t, bool reducing) {
+    switch (t) {
+    case dtype::f64:
+        return MPI_DOUBLE;
+    case dtype::f32:
+        return MPI_FLOAT;
+    case dtype::i64:
+        return MPI_INT64_T;
+    case dtype::i32:
+        return MPI_INT32_T;
+    case dtype::i8:
+        return MPI_INT8_T;
+    case dtype::u8:
+        return MPI_UINT8_T;
+    case dtype::f16:
+    case dtype::bf16:
+        return reducing ? MPI_DATATYPE_NULL : MPI_UINT16_T;
+    }
+    return MPI_DATATYPE_NULL;
+}
+
+MPI_Op raw_mpi_op(reduce_op op) {
+    switch (op) {
+    case reduce_op::sum:
+        return MPI_SUM;
+    case reduce_op::prod:
+        return MPI_PROD;
+    case reduce_op::min:
+        return MPI_MIN;
+    case reduce_op::max:
+        return MPI_MAX;
+    case reduce_op::avg:
+        break; // MPI has no average
+    }
+    return MPI_OP_NULL;
+}
+
+/// The raw-MPI baseline: the same collective in a few lines of plain MPI.
+struct raw_mpi_call {
+    MPI_Comm comm;
+    collective_kind collective;
+    MPI_Datatype type;
+    MPI_Op op;
+    int root;
+    int rank;
+
+    void operator()(const std::byte* send, std::byte* recv, const collective_shape& s,
+                    bool in_place) const {
+        if (s.count > static_cast<std::size_t>(INT_MAX)) {
+            throw std::runtime_error("raw-mpi: more than INT_MAX elements per call");
+        }
+        const int n = static_cast<int>(s.count);
+        const void* in = in_place ? MPI_IN_PLACE : static_cast<const void*>(send);
+        switch (collective) {
+        case collective_kind::all_reduce:
+            check_mpi(MPI_Allreduce(in, recv, n, type, op, comm), "MPI_Allreduce");
+            return;
+        case collective_kind::all_gather:
+            check_mpi(MPI_Allgather(in, n, type, recv, n, type, comm), "MPI_Allgather");
+            return;
+        case collective_kind::reduce_scatter:
+            // In place, MPI leaves the result at the start of recv.
+            check_mpi(MPI_Reduce_scatter_block(in, recv, n, type, op, comm),
+                      "MPI_Reduce_scatter_block");
+            return;
+        case collective_kind::broadcast:
+            if (!in_place && rank == root) {
+                std::memcpy(recv, send, s.send_bytes); // MPI_Bcast has no separate input
+            }
+            check_mpi(MPI_Bcast(recv, n, type, root, comm), "MPI_Bcast");
+            return;
+        }
+    }
+};
+
+std::string_view raw_mpi_name(collective_kind c) {
+    switch (c) {
+    case collective_kind::all_reduce:
+        return "MPI_Allreduce";
+    case collective_kind::all_gather:
+        return "MPI_Allgather";
+    case collective_kind::reduce_scatter:
+        return "MPI_Reduce_scatter_block";
+    case collective_kind::broadcast:
+        return "MPI_Bcast";
+    }
+    return "?";
+}
+
+int run_mpi_ranks(const bench_config& cfg) {
+    mpi_communicator comm(MPI_COMM_WORLD);
+    const int rank = comm.rank();
+    const int ranks = comm.size();
+    if (cfg.root >= ranks) {
+        if (rank == 0) {
+            std::fprintf(stderr, "unison-bench: error: -r %d is not a rank of %d processes\n",
+                         cfg.root, ranks);
+        }
+        return 2;
+    }
+
+    std::vector<std::string> lines =
+        gather_rank_lines(rank, ranks, rank_line(rank, "host (MPI process)"));
+    const std::unique_ptr<reporter> out = make_reporter(cfg.format);
+    reporter* mine_out = rank == 0 ? out.get() : nullptr;
+    const run_info info = make_run_info(cfg, ranks, std::move(lines));
+    if (mine_out != nullptr) {
+        mine_out->begin(info);
+    }
+
+    mpi_control ctl{MPI_COMM_WORLD};
+    unison_call<mpi_communicator> call{comm, cfg.collective, cfg.type, cfg.op, cfg.root};
+    host_buffers mem(cfg.max_bytes);
+    auto raw_table = [&](auto& driver, const std::vector<size_result>& rows, reporter* o) {
+        const bool reducing = reduces(cfg.collective);
+        const MPI_Datatype type = raw_mpi_type(cfg.type, reducing);
+        const MPI_Op op = reducing ? raw_mpi_op(cfg.op) : MPI_OP_NULL;
+        if (type == MPI_DATATYPE_NULL || (reducing && op == MPI_OP_NULL)) {
+            if (o != nullptr) {
+                o->skip_baseline("raw-mpi", type == MPI_DATATYPE_NULL
+                                                ? "MPI has no reduction for half or bfloat16"
+                                                : "MPI has no avg reduction");
+            }
+            return;
+        }
+        if (o != nullptr) {
+            const std::string what = std::string(raw_mpi_name(cfg.collective)) +
+                                     " (MPI_IN_PLACE in place) on the same buffers, sizes "
+                                     "and dtype, timed and checked the same way";
+            o->begin_baseline("raw-mpi", what);
+        }
+        raw_mpi_call raw{MPI_COMM_WORLD, cfg.collective, type, op, cfg.root, rank};
+        driver.warm_up(raw);
+        driver.run_table(raw, o, true, &rows, cfg.collective == collective_kind::reduce_scatter);
+    };
+    const std::uint64_t wrong = run_rank(cfg, ctl, mem, call, rank, ranks, mine_out, raw_table);
+    return wrong == 0 ? 0 : 1;
+}
+
+#endif // UNISON_HAS_MPI()
+
+// -------------------------------------------------------------------- NCCL backend
+
+#if UNISON_HAS_NCCL() && UNISON_HAS_MPI()
+
+/// A rank's buffers in device memory, with host staging to prepare inputs and
+/// check results (copies on the communicator's stream, outside the timed loop).
+class device_buffers {
+public:
+    device_buffers(std::size_t bytes, int rank, cudaStream_t stream)
+        : stage_send_(bytes), stage_recv_(bytes), rank_(rank), stream_(stream) {
+        UNISON_CHECK_CUDA(cudaMalloc(&send_, bytes), rank_, "unison-bench");
+        UNISON_CHECK_CUDA(cudaMalloc(&recv_, bytes), rank_, "unison-bench");
+        UNISON_CHECK_CUDA(cudaMemset(send_, 0, bytes), rank_, "unison-bench");
+        UNISON_CHECK_CUDA(cudaMemset(recv_, 0, bytes), rank_, "unison-bench");
+        UNISON_CHECK_CUDA(cudaDeviceSynchronize(), rank_, "unison-bench");
+    }
+    device_buffers(const device_buffers&) = delete;
+    device_buffers& operator=(const device_buffers&) = delete;
+    ~device_buffers() {
+        cudaFree(send_);
+        cudaFree(recv_);
+    }
+
+    std::byte* send() noexcept { return static_cast<std::byte*>(send_); }
+    std::byte* recv() noexcept { return static_cast<std::byte*>(recv_); }
+
+    void prepare(const check_site& c, const data_pattern& p, bool in_place) {
+        prepare_inputs(c, p, in_place, stage_send_.data(), stage_recv_.data());
+        if (!in_place) {
+            copy(send_, stage_send_.data(), c.shape.send_bytes, cudaMemcpyHostToDevice);
+        }
+        copy(recv_, stage_recv_.data(), c.shape.size_bytes(), cudaMemcpyHostToDevice);
+        sync();
+    }
+
+    std::uint64_t wrong(const check_site& c, const data_pattern& p, bool in_place,
+                        bool result_at_start) {
+        copy(stage_recv_.data(), recv_, c.shape.size_bytes(), cudaMemcpyDeviceToHost);
+        sync();
+        const std::byte* r = stage_recv_.data();
+        return count_wrong(c, p, result_at_start ? r : result_of(c, in_place, r));
+    }
+
+private:
+    void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+        UNISON_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream_), rank_, "unison-bench");
+    }
+    void sync() { UNISON_CHECK_CUDA(cudaStreamSynchronize(stream_), rank_, "unison-bench"); }
+
+    host_memory stage_send_;
+    host_memory stage_recv_;
+    int rank_;
+    cudaStream_t stream_;
+    void* send_ = nullptr;
+    void* recv_ = nullptr;
+};
+
+/// The control plane of the NCCL runs: MPI on the host; finishing waits for the
+/// calls enqueued since the last finish (nccl-tests' completeColl).
+struct nccl_control {
+    mpi_control host;
+    std::vector<nccl_request>& pending;
+
+    void barrier() { host.barrier(); }
+    void finish() {
+        std::vector<nccl_request> issued = std::move(pending);
+        pending.clear();
+        wait_all(std::span<nccl_request>(issued));
+    }
+    double max(double v) { return host.max(v); }
+    std::uint64_t sum(std::uint64_t v) { return host.sum(v); }
+};
+
+int run_nccl_ranks(const bench_config& cfg) {
+    nccl_communicator comm = nccl_communicator::from_mpi(MPI_COMM_WORLD);
+    const int rank = comm.rank();
+    const int ranks = comm.size();
+    if (cfg.root >= ranks) {
+        if (rank == 0) {
+            std::fprintf(stderr, "unison-bench: error: -r %d is not a rank of %d processes\n",
+                         cfg.root, ranks);
+        }
+        return 2;
+    }
+    cudaDeviceProp prop{};
+    UNISON_CHECK_CUDA(cudaGetDeviceProperties(&prop, comm.device()), rank, "unison-bench");
+    char device_text[320];
+    std::snprintf(device_text, sizeof device_text, "%2d [0x%02x] %s", comm.device(), prop.pciBusID,
+                  prop.name);
+    std::vector<std::string> lines = gather_rank_lines(rank, ranks, rank_line(rank, device_text));
+
+    const std::unique_ptr<reporter> out = make_reporter(cfg.format);
+    reporter* mine_out = rank == 0 ? out.get() : nullptr;
+    const run_info info = make_run_info(cfg, ranks, std::move(lines));
+    if (mine_out != nullptr) {
+        mine_out->begin(info);
+    }
+    std::vector<nccl_request> pending;
+    nccl_control ctl{mpi_control{MPI_COMM_WORLD}, pending};
+    const unison_call<nccl_communicator> call{
+        comm, cfg.collective, cfg.type, cfg.op, cfg.root, device::cuda(comm.device()), &pending};
+    device_buffers mem(cfg.max_bytes, rank, comm.stream());
+    const std::uint64_t wrong = run_rank(
+        cfg, ctl, mem, call, rank, ranks, mine_out,
+        [](auto&, const std::vector<size_result>& rows, reporter* o) { no_raw_table(rows, o); },
+        "the NCCL backend moves device memory, and a host loop is no reference for it");
+    return wrong == 0 ? 0 : 1;
+}
+
+#endif // UNISON_HAS_NCCL() && UNISON_HAS_MPI()
+
+/// Rank of this process in the job it was launched in (0 outside a launcher), so
+/// that only one process prints a command-line error.
+int launch_rank() {
+    try {
+        return detect_launch().rank;
+    } catch (const std::exception&) {
+        return 0;
+    }
+}
+
+} // namespace
+} // namespace unison::bench
+
+int main(int argc, char** argv) {
+    using namespace unison::bench;
+    bench_config cfg;
+    try {
+        cfg = parse_command_line(argc, argv);
+    } catch (const usage_error& e) {
+        if (launch_rank() == 0) {
+            std::fprintf(stderr, "unison-bench: error: %s\n(unison-bench -h lists the options)\n",
+                         e.what());
+        }
+        return 2;
+    }
+    if (cfg.help) {
+        if (launch_rank() == 0) {
+            std::fputs(usage_text("unison-bench").c_str(), stdout);
+        }
+        return 0;
+    }
+
+    try {
+        switch (cfg.backend) {
+        case backend_kind::thread:
+            return run_thread_backend(cfg);
+        case backend_kind::mpi:
+#if UNISON_HAS_MPI()
+            return with_mpi(argc, argv, [&] { return run_mpi_ranks(cfg); });
+#else
+            if (launch_rank() == 0) {
+                std::fprintf(stderr, "unison-bench: error: this build has no MPI backend "
+                                     "(configure with MPI found, so that unison::mpi exists)\n");
+            }
+            return 2;
+#endif
+        case backend_kind::nccl:
+#if UNISON_HAS_NCCL() && UNISON_HAS_MPI()
+            return with_mpi(argc, argv, [&] { return run_nccl_ranks(cfg); });
+#else
+            if (launch_rank() == 0) {
+                std::fprintf(stderr, "unison-bench: error: this build has no NCCL backend%s\n",
+                             UNISON_HAS_NCCL() ? " (NCCL needs unison::mpi to bootstrap)" : "");
+            }
+            return 2;
+#endif
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "unison-bench: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
