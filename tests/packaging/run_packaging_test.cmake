@@ -1,0 +1,106 @@
+# Builds and runs consumer/ against unison obtained in one way.
+#
+#   cmake -DMODE=find_package|add_subdirectory|fetchcontent
+#         -DSOURCE_DIR=<unison source tree> -DWORK_DIR=<scratch directory>
+#         [-DGENERATOR=<generator>] [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>]
+#         [-DENABLE_MPI=ON|OFF] [-DENABLE_CUDA=ON|OFF] [-DENABLE_NCCL=ON|OFF]
+#         -P run_packaging_test.cmake
+#
+# find_package: configure, build and install unison (its tests, benchmarks and
+# examples off) into WORK_DIR/prefix, then build the consumer against that prefix.
+# add_subdirectory, fetchcontent: build the consumer straight from SOURCE_DIR.
+# Then run the consumer through its ctest. ENABLE_MPI=ON also links unison::mpi.
+# WORK_DIR is emptied first: a stale cache would hide a broken configure.
+cmake_minimum_required(VERSION 3.21)
+
+foreach(required IN ITEMS MODE SOURCE_DIR WORK_DIR)
+    if(NOT DEFINED ${required} OR "${${required}}" STREQUAL "")
+        message(FATAL_ERROR "run_packaging_test.cmake: -D${required}=... is required")
+    endif()
+endforeach()
+if(NOT MODE MATCHES "^(find_package|add_subdirectory|fetchcontent)$")
+    message(FATAL_ERROR "run_packaging_test.cmake: unknown MODE '${MODE}'")
+endif()
+
+set(config Release)
+set(prefix "${WORK_DIR}/prefix")
+set(consumer_build "${WORK_DIR}/consumer-build")
+
+# Arguments every configure step shares.
+set(configure_args "-DCMAKE_BUILD_TYPE=${config}")
+if(GENERATOR)
+    list(APPEND configure_args -G "${GENERATOR}")
+endif()
+if(MAKE_PROGRAM)
+    list(APPEND configure_args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
+endif()
+if(CXX_COMPILER)
+    list(APPEND configure_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
+endif()
+# For the configure that builds unison itself: the install, or the consumer's
+# in-tree copy.
+set(backend_args)
+foreach(backend IN ITEMS MPI CUDA NCCL)
+    if(DEFINED ENABLE_${backend})
+        list(APPEND backend_args "-DUNISON_ENABLE_${backend}=${ENABLE_${backend}}")
+    endif()
+endforeach()
+set(with_mpi OFF)
+if(ENABLE_MPI)
+    set(with_mpi ON)
+endif()
+
+# Runs one step; on failure stops with the step's command line and output.
+function(run_step name)
+    message(STATUS "[${MODE}] ${name}")
+    execute_process(COMMAND ${ARGN}
+        RESULT_VARIABLE result
+        OUTPUT_VARIABLE output
+        ERROR_VARIABLE output)
+    if(NOT result EQUAL 0)
+        list(JOIN ARGN " " command)
+        message(FATAL_ERROR
+            "[${MODE}] ${name} failed (${result})\n"
+            "command: ${command}\n"
+            "output:\n${output}")
+    endif()
+endfunction()
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}")
+
+set(consumer_args
+    "-DUNISON_CONSUMER_MODE=${MODE}"
+    "-DUNISON_CONSUMER_WITH_MPI=${with_mpi}")
+
+if(MODE STREQUAL "find_package")
+    set(unison_build "${WORK_DIR}/unison-build")
+    run_step("configure unison"
+        "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${unison_build}" ${configure_args}
+        ${backend_args} "-DCMAKE_INSTALL_PREFIX=${prefix}"
+        -DUNISON_BUILD_TESTS=OFF -DUNISON_BUILD_BENCH=OFF -DUNISON_BUILD_EXAMPLES=OFF)
+    run_step("build unison" "${CMAKE_COMMAND}" --build "${unison_build}" --config ${config})
+    run_step("install unison" "${CMAKE_COMMAND}" --install "${unison_build}" --config ${config})
+    list(APPEND consumer_args "-DCMAKE_PREFIX_PATH=${prefix}")
+else()
+    list(APPEND consumer_args "-DUNISON_SOURCE_DIR=${SOURCE_DIR}" ${backend_args})
+endif()
+
+run_step("configure consumer"
+    "${CMAKE_COMMAND}" -S "${CMAKE_CURRENT_LIST_DIR}/consumer" -B "${consumer_build}"
+    ${configure_args} ${consumer_args})
+
+if(MODE STREQUAL "find_package")
+    # The consumer must have used the fresh install, not some other unison.
+    file(STRINGS "${consumer_build}/CMakeCache.txt" unison_dir REGEX "^unison_DIR:")
+    string(REGEX REPLACE "^unison_DIR:[A-Z]+=" "" unison_dir "${unison_dir}")
+    cmake_path(IS_PREFIX prefix "${unison_dir}" NORMALIZE from_prefix)
+    if(NOT from_prefix)
+        message(FATAL_ERROR "[${MODE}] consumer found unison in '${unison_dir}', not in ${prefix}")
+    endif()
+endif()
+
+run_step("build consumer" "${CMAKE_COMMAND}" --build "${consumer_build}" --config ${config})
+run_step("run consumer"
+    "${CMAKE_CTEST_COMMAND}" --test-dir "${consumer_build}" -C ${config} --output-on-failure)
+message(STATUS "[${MODE}] ok")
