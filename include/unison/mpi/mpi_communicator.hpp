@@ -36,6 +36,9 @@ inline constexpr std::size_t mpi_ring_min_bytes = 64 * 1024;
 /// Tags at or above max_user_tag are reserved; the ring uses one per collective.
 inline constexpr int mpi_ring_tag_base = max_user_tag + 1;
 inline constexpr int mpi_ring_tags = 2048;
+/// Ring messages are cut into segments of this size so that reducing one overlaps
+/// receiving the next.
+inline constexpr std::size_t mpi_ring_segment_bytes = 256 * 1024;
 
 class mpi_operation;
 
@@ -211,20 +214,20 @@ public:
         if (done_) {
             return true;
         }
-        int flag = 0;
-        MPI_Status statuses[2];
-        UNISON_CHECK_MPI(MPI_Testall(active_, requests_, &flag, statuses), state_.rank, label_);
-        if (flag == 0) {
-            return false;
-        }
-        active_ = 0;
-        if (call_.op == operation::recv) {
-            check_received(statuses[0]);
-        }
-        if (ring_step_ >= 0 && ring_step_ < ring_steps()) {
-            ring_advance();
-            if (ring_step_ < ring_steps()) {
+        if (ring_step_ >= 0) {
+            if (!ring_progress()) {
                 return false;
+            }
+        } else {
+            int flag = 0;
+            MPI_Status statuses[2];
+            UNISON_CHECK_MPI(MPI_Testall(active_, requests_, &flag, statuses), state_.rank, label_);
+            if (flag == 0) {
+                return false;
+            }
+            active_ = 0;
+            if (call_.op == operation::recv) {
+                check_received(statuses[0]);
             }
         }
         finish();
@@ -269,7 +272,7 @@ private:
     void finish() {
         done_ = true;
         const std::size_t es = size_of(call_.type);
-        if (copy_back_) {
+        if (copy_back_ && call_.count != 0) {
             std::memcpy(call_.recv, scratch_.data(), call_.count * es);
         }
         if (divide_) {
@@ -312,49 +315,97 @@ private:
         post_ring_step();
     }
 
+    /// Posts step `ring_step_`: the chunk to send and the chunk to receive, each cut
+    /// into segments, so that a reduce-scatter step reduces the segments that have
+    /// arrived while the later ones are still in flight.
     void post_ring_step() {
         const int n = state_.size;
         const int next = (state_.rank + 1) % n, prev = (state_.rank + n - 1) % n;
         const MPI_Datatype t = mpi_datatype(call_.type);
+        const std::size_t es = size_of(call_.type);
         const int s = ring_step_;
-        const void* send_from = nullptr;
-        void* recv_into = nullptr;
-        int send_chunk = 0, recv_chunk = 0;
+        const std::byte* send_from = nullptr;
+        std::byte* recv_into = nullptr;
         if (s < n - 1) { // reduce-scatter
-            send_chunk = chunk(-s - 1);
-            recv_chunk = chunk(-s - 2);
-            send_from = s == 0 ? static_cast<const void*>(in_at(send_chunk)) : out_at(send_chunk);
+            send_chunk_ = chunk(-s - 1);
+            recv_chunk_ = chunk(-s - 2);
+            send_from = s == 0 ? in_at(send_chunk_) : out_at(send_chunk_);
             recv_into = scratch_.data();
         } else { // all-gather
             const int g = s - (n - 1);
-            send_chunk = chunk(-g);
-            recv_chunk = chunk(-g - 1);
-            send_from = out_at(send_chunk);
-            recv_into = out_at(recv_chunk);
+            send_chunk_ = chunk(-g);
+            recv_chunk_ = chunk(-g - 1);
+            send_from = out_at(send_chunk_);
+            recv_into = out_at(recv_chunk_);
         }
-        post(MPI_Irecv(recv_into, int_count(chunk_len(recv_chunk)), t, prev, tag_, state_.comm,
-                       next_request()),
-             "MPI_Irecv (ring)");
-        post(MPI_Isend(send_from, int_count(chunk_len(send_chunk)), t, next, tag_, state_.comm,
-                       next_request()),
-             "MPI_Isend (ring)");
+        const std::size_t segment = std::max<std::size_t>(1, mpi_ring_segment_bytes / es);
+        const std::size_t recv_len = chunk_len(recv_chunk_), send_len = chunk_len(send_chunk_);
+        recv_segments_ = static_cast<int>((recv_len + segment - 1) / segment);
+        const int send_segments = static_cast<int>((send_len + segment - 1) / segment);
+        ring_requests_.assign(static_cast<std::size_t>(recv_segments_ + send_segments),
+                              MPI_REQUEST_NULL);
+        reduced_ = 0;
+        for (int k = 0; k < recv_segments_; ++k) {
+            const std::size_t lo = static_cast<std::size_t>(k) * segment;
+            check(MPI_Irecv(recv_into + lo * es, int_count(std::min(segment, recv_len - lo)), t,
+                            prev, tag_, state_.comm, &ring_requests_[static_cast<std::size_t>(k)]),
+                  "MPI_Irecv (ring)");
+        }
+        for (int k = 0; k < send_segments; ++k) {
+            const std::size_t lo = static_cast<std::size_t>(k) * segment;
+            check(MPI_Isend(send_from + lo * es, int_count(std::min(segment, send_len - lo)), t,
+                            next, tag_, state_.comm,
+                            &ring_requests_[static_cast<std::size_t>(recv_segments_ + k)]),
+                  "MPI_Isend (ring)");
+        }
     }
 
-    /// Completes step `ring_step_` (reducing what arrived) and posts the next one.
-    void ring_advance() {
+    /// Drives the ring: reduces arrived segments in order, moves to the next step once
+    /// this one's sends and receives are done; true when the last step is.
+    bool ring_progress() {
         const int n = state_.size;
-        const int s = ring_step_;
-        if (s < n - 1) {
-            const int c = chunk(-s - 2);
-            const void* inputs[2] = {in_at(c), scratch_.data()};
-            void* outputs[1] = {out_at(c)};
-            const bool last = s == n - 2;
-            host_reduce(call_.type, call_.reduction, inputs, 2, outputs, 1, chunk_len(c),
-                        last && call_.reduction == reduce_op::avg ? n : 1);
-        }
-        ++ring_step_;
-        if (ring_step_ < ring_steps()) {
+        const std::size_t es = size_of(call_.type);
+        const std::size_t segment = std::max<std::size_t>(1, mpi_ring_segment_bytes / es);
+        for (;;) {
+            const bool scatter = ring_step_ < n - 1;
+            while (reduced_ < recv_segments_) {
+                int flag = 0;
+                UNISON_CHECK_MPI(MPI_Test(&ring_requests_[static_cast<std::size_t>(reduced_)],
+                                          &flag, MPI_STATUS_IGNORE),
+                                 state_.rank, label_);
+                if (flag == 0) {
+                    return false;
+                }
+                if (scatter) { // fold the arrived partial sum into my input's chunk
+                    const std::size_t lo = static_cast<std::size_t>(reduced_) * segment;
+                    const std::size_t len = std::min(segment, chunk_len(recv_chunk_) - lo);
+                    const void* inputs[2] = {in_at(recv_chunk_) + lo * es,
+                                             scratch_.data() + lo * es};
+                    void* outputs[1] = {out_at(recv_chunk_) + lo * es};
+                    const bool last = ring_step_ == n - 2;
+                    host_reduce(call_.type, call_.reduction, inputs, 2, outputs, 1, len,
+                                last && call_.reduction == reduce_op::avg ? n : 1);
+                }
+                ++reduced_;
+            }
+            int flag = 0;
+            UNISON_CHECK_MPI(MPI_Testall(static_cast<int>(ring_requests_.size()) - recv_segments_,
+                                         ring_requests_.data() + recv_segments_, &flag,
+                                         MPI_STATUSES_IGNORE),
+                             state_.rank, label_);
+            if (flag == 0) {
+                return false;
+            }
+            if (++ring_step_ == ring_steps()) {
+                return true;
+            }
             post_ring_step();
+        }
+    }
+
+    void check(int rc, const char* what) const {
+        if (rc != MPI_SUCCESS) {
+            throw_mpi_error(rc, state_.rank, label_, what);
         }
     }
 
@@ -369,6 +420,10 @@ private:
     bool copy_back_ = false;
     int ring_step_ = -1;
     int tag_ = 0;
+    int send_chunk_ = 0, recv_chunk_ = 0;
+    int recv_segments_ = 0; ///< receive requests of this step (first in ring_requests_)
+    int reduced_ = 0;       ///< receive segments of this step already folded in
+    std::vector<MPI_Request> ring_requests_;
     std::vector<std::byte> scratch_;
     std::vector<int> counts_, displs_;
 };

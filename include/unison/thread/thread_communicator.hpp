@@ -242,6 +242,16 @@ private:
         }
     }
 
+    /// Out-of-place outputs at least this large are written with non-temporal stores:
+    /// they exceed the caches, and skipping the destination's read-for-ownership saves
+    /// a third of the memory traffic. In place, the lines were just read and are in
+    /// cache, so plain stores win (both measured in docs/performance.md).
+#ifndef UNISON_THREAD_STREAMING_MIN_BYTES
+    static constexpr std::size_t streaming_min_bytes = std::size_t{1} << 20;
+#else
+    static constexpr std::size_t streaming_min_bytes = UNISON_THREAD_STREAMING_MIN_BYTES;
+#endif
+
     /// Element range [lo, hi) of `count` that `r` reduces: equal shares rounded to
     /// 256 bytes so that no two ranks write the same cache line.
     static void share(std::size_t count, std::size_t elem, int ranks, int r, std::size_t& lo,
@@ -289,7 +299,7 @@ private:
                 }
             }
             host_reduce(call.type, call.reduction, inputs.data(), n, outputs.data(), outs, hi - lo,
-                        divisor);
+                        divisor, call.send != call.recv && call.count * es >= streaming_min_bytes);
             return;
         }
         case operation::reduce_scatter: {

@@ -11,7 +11,12 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace unison::detail {
 
@@ -70,9 +75,40 @@ UNISON_HOST_DEVICE constexpr T narrow(accumulate_t<T> v) noexcept {
 /// and the accumulators in L1 while the loop walks over the ranks.
 inline constexpr std::size_t reduce_block_elements = 1024;
 
+/// Copies `bytes` to `dst`; with `streaming`, through non-temporal stores that skip
+/// the read-for-ownership of the destination line (a third of the traffic of a
+/// large out-of-place reduction). The caller fences (store_fence) before publishing.
+inline void copy_out(void* dst, const void* src, std::size_t bytes, bool streaming) noexcept {
+#if defined(__SSE2__)
+    if (streaming) {
+        auto* d = static_cast<std::uint8_t*>(dst);
+        const auto* s = static_cast<const std::uint8_t*>(src);
+        const std::size_t head =
+            std::min(bytes, (16 - (reinterpret_cast<std::uintptr_t>(d) & 15)) & 15);
+        std::memcpy(d, s, head);
+        std::size_t i = head;
+        for (; i + 16 <= bytes; i += 16) {
+            _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+        }
+        std::memcpy(d + i, s + i, bytes - i);
+        return;
+    }
+#endif
+    (void)streaming;
+    std::memcpy(dst, src, bytes);
+}
+
+/// Orders earlier non-temporal stores before later stores (a no-op without them).
+inline void store_fence() noexcept {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
 template <class T, class Fn>
 void reduce_typed(Fn fn, const void* const* inputs, int n, void* const* outputs, int m,
-                  std::size_t count, int divisor) {
+                  std::size_t count, int divisor, bool streaming) {
     using A = accumulate_t<T>;
     A acc[reduce_block_elements];
     T narrowed[reduce_block_elements];
@@ -102,49 +138,58 @@ void reduce_typed(Fn fn, const void* const* inputs, int n, void* const* outputs,
             src = narrowed;
         }
         for (int o = 0; o < m; ++o) {
-            std::memcpy(static_cast<T*>(outputs[o]) + base, src, len * sizeof(T));
+            copy_out(static_cast<T*>(outputs[o]) + base, src, len * sizeof(T), streaming);
         }
+    }
+    if (streaming) {
+        store_fence();
     }
 }
 
 template <class T>
 void reduce_dispatch_op(reduce_op op, const void* const* inputs, int n, void* const* outputs, int m,
-                        std::size_t count, int divisor) {
+                        std::size_t count, int divisor, bool streaming) {
     switch (op) {
     case reduce_op::sum:
     case reduce_op::avg:
-        return reduce_typed<T>(sum_fn{}, inputs, n, outputs, m, count, divisor);
+        return reduce_typed<T>(sum_fn{}, inputs, n, outputs, m, count, divisor, streaming);
     case reduce_op::prod:
-        return reduce_typed<T>(prod_fn{}, inputs, n, outputs, m, count, divisor);
+        return reduce_typed<T>(prod_fn{}, inputs, n, outputs, m, count, divisor, streaming);
     case reduce_op::min:
-        return reduce_typed<T>(min_fn{}, inputs, n, outputs, m, count, divisor);
+        return reduce_typed<T>(min_fn{}, inputs, n, outputs, m, count, divisor, streaming);
     case reduce_op::max:
-        return reduce_typed<T>(max_fn{}, inputs, n, outputs, m, count, divisor);
+        return reduce_typed<T>(max_fn{}, inputs, n, outputs, m, count, divisor, streaming);
     }
 }
 
 /// outputs[o][i] = (inputs[0][i] op ... op inputs[n-1][i]) / divisor for i < count and
 /// every o < m. `avg` reduces as `sum`; the caller passes the divisor (1 for none)
-/// where the reduction completes. An output may alias an input.
+/// where the reduction completes. An output may alias an input. `streaming` writes
+/// the outputs with non-temporal stores (for outputs larger than the caches).
 inline void host_reduce(dtype type, reduce_op op, const void* const* inputs, int n,
-                        void* const* outputs, int m, std::size_t count, int divisor = 1) {
+                        void* const* outputs, int m, std::size_t count, int divisor = 1,
+                        bool streaming = false) {
     switch (type) {
     case dtype::f64:
-        return reduce_dispatch_op<double>(op, inputs, n, outputs, m, count, divisor);
+        return reduce_dispatch_op<double>(op, inputs, n, outputs, m, count, divisor, streaming);
     case dtype::f32:
-        return reduce_dispatch_op<float>(op, inputs, n, outputs, m, count, divisor);
+        return reduce_dispatch_op<float>(op, inputs, n, outputs, m, count, divisor, streaming);
     case dtype::f16:
-        return reduce_dispatch_op<half>(op, inputs, n, outputs, m, count, divisor);
+        return reduce_dispatch_op<half>(op, inputs, n, outputs, m, count, divisor, streaming);
     case dtype::bf16:
-        return reduce_dispatch_op<bf16>(op, inputs, n, outputs, m, count, divisor);
+        return reduce_dispatch_op<bf16>(op, inputs, n, outputs, m, count, divisor, streaming);
     case dtype::i64:
-        return reduce_dispatch_op<std::int64_t>(op, inputs, n, outputs, m, count, divisor);
+        return reduce_dispatch_op<std::int64_t>(op, inputs, n, outputs, m, count, divisor,
+                                                streaming);
     case dtype::i32:
-        return reduce_dispatch_op<std::int32_t>(op, inputs, n, outputs, m, count, divisor);
+        return reduce_dispatch_op<std::int32_t>(op, inputs, n, outputs, m, count, divisor,
+                                                streaming);
     case dtype::i8:
-        return reduce_dispatch_op<std::int8_t>(op, inputs, n, outputs, m, count, divisor);
+        return reduce_dispatch_op<std::int8_t>(op, inputs, n, outputs, m, count, divisor,
+                                               streaming);
     case dtype::u8:
-        return reduce_dispatch_op<std::uint8_t>(op, inputs, n, outputs, m, count, divisor);
+        return reduce_dispatch_op<std::uint8_t>(op, inputs, n, outputs, m, count, divisor,
+                                                streaming);
     }
 }
 

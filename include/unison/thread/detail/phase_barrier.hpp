@@ -37,9 +37,9 @@ public:
     explicit phase_barrier(int ranks)
         : ranks_(ranks), arrived_(std::make_unique<std::atomic<std::uint64_t>[]>(
                              static_cast<std::size_t>(ranks))) {
-        // Spinning only pays when every rank has a core to itself.
+        // Spinning only pays when every rank may have a core to itself.
         const unsigned cores = std::thread::hardware_concurrency();
-        spin_ = cores != 0 && static_cast<unsigned>(ranks) <= cores ? 4000 : 0;
+        spin_ = cores != 0 && static_cast<unsigned>(ranks) <= cores;
         for (int r = 0; r < ranks; ++r) {
             arrived_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
         }
@@ -70,13 +70,21 @@ public:
             }
             return wait_result::done;
         }
-        for (int i = 0; i < spin_; ++i) {
-            if (generation_.load(std::memory_order_acquire) != g) {
-                return wait_result::done;
-            }
-            cpu_relax();
+        // Spin for a couple of microseconds (peers on other cores usually arrive by
+        // then), measured in time because PAUSE costs 10 to 150 cycles depending on
+        // the CPU; then yield, so a peer sharing this core can run.
+        const auto start = clock::now();
+        if (spin_) {
+            do {
+                for (int i = 0; i < 32; ++i) {
+                    if (generation_.load(std::memory_order_acquire) != g) {
+                        return wait_result::done;
+                    }
+                    cpu_relax();
+                }
+            } while (clock::now() - start < std::chrono::microseconds(2));
         }
-        const auto yield_until = clock::now() + std::chrono::microseconds(100);
+        const auto yield_until = start + std::chrono::microseconds(200);
         do {
             if (generation_.load(std::memory_order_acquire) != g) {
                 return wait_result::done;
@@ -105,7 +113,7 @@ public:
 
 private:
     const int ranks_;
-    int spin_ = 0;
+    bool spin_ = false;
     alignas(64) std::atomic<int> count_{0};
     alignas(64) std::atomic<std::uint64_t> generation_{0};
     alignas(64) std::atomic<int> sleepers_{0};

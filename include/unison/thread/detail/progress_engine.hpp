@@ -86,12 +86,13 @@ public:
     }
 
     /// Marks `r` complete (from the worker, or from the peer that received a send).
+    /// Notifies under the lock: a waiter that sees `done` may destroy this engine as
+    /// soon as it returns, and wait() takes the lock before returning, so the
+    /// notification is over by then.
     void complete(op_record* r, std::exception_ptr error) {
         r->error = std::move(error);
-        {
-            std::lock_guard lock(mutex_);
-            r->done.store(true, std::memory_order_release);
-        }
+        std::lock_guard lock(mutex_);
+        r->done.store(true, std::memory_order_release);
         done_cv_.notify_all();
     }
 
@@ -99,6 +100,7 @@ public:
     bool wait(op_record* r, clock::time_point deadline) {
         for (int i = 0; i < 2000; ++i) {
             if (r->done.load(std::memory_order_acquire)) {
+                std::lock_guard lock(mutex_); // the completer has finished notifying
                 return true;
             }
             cpu_relax();
@@ -137,11 +139,9 @@ private:
                 error = std::current_exception();
             }
             r->error = std::move(error);
-            {
-                std::lock_guard lock(mutex_);
-                r->done.store(true, std::memory_order_release);
-                pending_.fetch_sub(1, std::memory_order_acq_rel);
-            }
+            std::lock_guard lock(mutex_);
+            r->done.store(true, std::memory_order_release);
+            pending_.fetch_sub(1, std::memory_order_acq_rel);
             done_cv_.notify_all();
         }
     }
