@@ -14,10 +14,10 @@ bench=build/release/bench/unison-bench
 example=build/release/examples/average_gradients/average_gradients
 
 echo "== all_reduce, thread backend, 2 ranks"
-"$bench" -B thread -t 2 -b 8 -e 64M -f 4 --baseline
+"$bench" -B thread -t 2 -b 8 -e 64M -f 2 --baseline
 echo
 echo "== all_reduce, MPI backend, 2 processes"
-bash scripts/mpiexec.sh -n 2 "$bench" -B mpi -b 8 -e 64M -f 4 --baseline
+bash scripts/mpiexec.sh -n 2 "$bench" -B mpi -b 8 -e 64M -f 2 --baseline
 echo
 echo "== example: average_gradients"
 "$example" -t 4
