@@ -110,15 +110,75 @@ template <class T, class Fn>
 void reduce_typed(Fn fn, const void* const* inputs, int n, void* const* outputs, int m,
                   std::size_t count, int divisor, bool streaming) {
     using A = accumulate_t<T>;
+    if constexpr (std::is_same_v<A, T>) {
+        if (!streaming) {
+            // Reduce straight into the first output, block by block, and copy the block
+            // to the other outputs while it is in L1. An output may alias one input
+            // element for element (in-place calls); that input is folded in first, so
+            // it is read before the output is written.
+            T* out0 = static_cast<T*>(outputs[0]);
+            int first = 0;
+            for (int r = 0; r < n; ++r) {
+                if (inputs[r] == out0) {
+                    first = r;
+                }
+            }
+            const int second = first == 0 ? 1 : 0;
+            for (std::size_t base = 0; base < count; base += reduce_block_elements) {
+                const std::size_t len = std::min(reduce_block_elements, count - base);
+                const T* a = static_cast<const T*>(inputs[first]) + base;
+                T* o = out0 + base;
+                if (n >= 2) {
+                    const T* b = static_cast<const T*>(inputs[second]) + base;
+                    for (std::size_t i = 0; i < len; ++i) {
+                        o[i] = fn(a[i], b[i]);
+                    }
+                } else if (o != a) {
+                    std::memcpy(o, a, len * sizeof(T));
+                }
+                for (int r = 0; r < n; ++r) {
+                    if (r == first || r == second) {
+                        continue;
+                    }
+                    const T* in = static_cast<const T*>(inputs[r]) + base;
+                    for (std::size_t i = 0; i < len; ++i) {
+                        o[i] = fn(o[i], in[i]);
+                    }
+                }
+                if (divisor != 1) {
+                    const T d = static_cast<T>(divisor);
+                    for (std::size_t i = 0; i < len; ++i) {
+                        o[i] = static_cast<T>(o[i] / d);
+                    }
+                }
+                for (int k = 1; k < m; ++k) {
+                    T* dst = static_cast<T*>(outputs[k]) + base;
+                    if (dst != o) {
+                        std::memcpy(dst, o, len * sizeof(T));
+                    }
+                }
+            }
+            return;
+        }
+    }
     A acc[reduce_block_elements];
     T narrowed[reduce_block_elements];
     for (std::size_t base = 0; base < count; base += reduce_block_elements) {
         const std::size_t len = std::min(reduce_block_elements, count - base);
         const T* in0 = static_cast<const T*>(inputs[0]) + base;
-        for (std::size_t i = 0; i < len; ++i) {
-            acc[i] = widen(in0[i]);
+        int r = 1;
+        if (n >= 2) { // the first two inputs in one pass
+            const T* in1 = static_cast<const T*>(inputs[1]) + base;
+            for (std::size_t i = 0; i < len; ++i) {
+                acc[i] = fn(widen(in0[i]), widen(in1[i]));
+            }
+            r = 2;
+        } else {
+            for (std::size_t i = 0; i < len; ++i) {
+                acc[i] = widen(in0[i]);
+            }
         }
-        for (int r = 1; r < n; ++r) {
+        for (; r < n; ++r) {
             const T* in = static_cast<const T*>(inputs[r]) + base;
             for (std::size_t i = 0; i < len; ++i) {
                 acc[i] = fn(acc[i], widen(in[i]));
