@@ -15,8 +15,10 @@ namespace unison {
 
 /// A pending non-blocking operation: move-only; `wait()` blocks until it completes
 /// (bounded by the communicator's timeout, then `timeout_error`) and rethrows any
-/// error; `test()` reports completion without blocking. A request must be waited on
-/// (or destroyed, which waits) before its buffers are reused or freed.
+/// error; `test()` reports completion without blocking (on MPI it also drives
+/// progress, so call it while overlapping). A request must be waited on (or
+/// destroyed, which waits) before its buffers are reused or freed, and must not
+/// outlive its communicator.
 template <class R>
 concept request = std::movable<R> && !std::copyable<R> && requires(R & r) {
     r.wait();
