@@ -577,15 +577,24 @@ std::string_view raw_mpi_name(collective_kind c) {
     return "?";
 }
 
+/// False (after rank 0 says why) when -r names no rank of the launched processes;
+/// only known once MPI has started, unlike the thread backend's -t check.
+bool root_in_range(const bench_config& cfg, int rank, int ranks) {
+    if (cfg.root < ranks) {
+        return true;
+    }
+    if (rank == 0) {
+        std::fprintf(stderr, "unison-bench: error: -r %d is not a rank of %d processes\n", cfg.root,
+                     ranks);
+    }
+    return false;
+}
+
 int run_mpi_ranks(const bench_config& cfg) {
     mpi_communicator comm(MPI_COMM_WORLD);
     const int rank = comm.rank();
     const int ranks = comm.size();
-    if (cfg.root >= ranks) {
-        if (rank == 0) {
-            std::fprintf(stderr, "unison-bench: error: -r %d is not a rank of %d processes\n",
-                         cfg.root, ranks);
-        }
+    if (!root_in_range(cfg, rank, ranks)) {
         return 2;
     }
 
@@ -706,11 +715,7 @@ int run_nccl_ranks(const bench_config& cfg) {
     nccl_communicator comm = nccl_communicator::from_mpi(MPI_COMM_WORLD);
     const int rank = comm.rank();
     const int ranks = comm.size();
-    if (cfg.root >= ranks) {
-        if (rank == 0) {
-            std::fprintf(stderr, "unison-bench: error: -r %d is not a rank of %d processes\n",
-                         cfg.root, ranks);
-        }
+    if (!root_in_range(cfg, rank, ranks)) {
         return 2;
     }
     cudaDeviceProp prop{};
