@@ -1,12 +1,13 @@
 #pragma once
 
 /// \file
-/// The umbrella header: the core, the collectives and every backend this
+/// The umbrella header: the core, the collectives, data parallelism and every backend this
 /// translation unit can use. The thread backend is always there; the MPI backend
 /// when the target links `unison::mpi`, the NCCL backend with `unison::nccl`.
 
 #include "unison/comm.hpp"
 #include "unison/core.hpp"
+#include "unison/ddp.hpp"
 #include "unison/thread.hpp"
 
 #if UNISON_HAS_MPI()

@@ -1,0 +1,111 @@
+#pragma once
+
+/// \file
+/// Host element loops shared by the training parts: copy with a scale and a dtype
+/// cast (packing gradients into a bucket and unpacking them), scaling in place and
+/// zero fill. The arithmetic is done in the wider of the two types' accumulation
+/// types (float for f16/bf16/f32, double when either side is f64), with one
+/// rounding at the store, which is what a CUDA kernel doing the same work gives.
+
+#include "unison/core/dtype.hpp"
+#include "unison/core/half.hpp"
+
+#include <cstddef>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace unison::detail {
+
+template <class F>
+decltype(auto) visit_floating(dtype t, F&& f) {
+    switch (t) {
+    case dtype::f64:
+        return f(double{});
+    case dtype::f32:
+        return f(float{});
+    case dtype::f16:
+        return f(half{});
+    case dtype::bf16:
+        return f(bf16{});
+    default:
+        throw std::invalid_argument("unison: dtype " + std::string(to_string(t)) +
+                                    " is not a floating-point type");
+    }
+}
+
+template <class D, class S>
+using convert_compute_t =
+    std::conditional_t<std::is_same_v<D, double> || std::is_same_v<S, double>, double, float>;
+
+/// Widens `v` to the compute type `A` (16-bit types go through float).
+template <class A, class S>
+constexpr A load_as(S v) noexcept {
+    if constexpr (std::is_same_v<S, half> || std::is_same_v<S, bf16>) {
+        return static_cast<A>(static_cast<float>(v));
+    } else {
+        return static_cast<A>(v);
+    }
+}
+/// Rounds `v` to `D` once (from double to a 16-bit type through float, which is exact
+/// for values that came from float arithmetic and otherwise double-rounds by at
+/// most one unit; the reducer only narrows double to 16 bits when asked to).
+template <class D, class A>
+constexpr D store_as(A v) noexcept {
+    if constexpr (std::is_same_v<D, half> || std::is_same_v<D, bf16>) {
+        return static_cast<D>(static_cast<float>(v));
+    } else {
+        return static_cast<D>(v);
+    }
+}
+
+/// dst[i] = D(A(src[i]) * scale), or with `accumulate` dst[i] = D(A(dst[i]) + A(src[i]) * scale).
+template <class D, class S>
+void convert_scale_typed(D* dst, const S* src, std::size_t n, double scale, bool accumulate) {
+    using A = convert_compute_t<D, S>;
+    const A s = static_cast<A>(scale);
+    if (accumulate) {
+        for (std::size_t i = 0; i < n; ++i) {
+            dst[i] = store_as<D>(load_as<A>(dst[i]) + load_as<A>(src[i]) * s);
+        }
+    } else if (s == A{1}) {
+        if constexpr (std::is_same_v<D, S>) {
+            if (static_cast<const void*>(dst) != static_cast<const void*>(src)) {
+                std::memcpy(dst, src, n * sizeof(D));
+            }
+        } else {
+            for (std::size_t i = 0; i < n; ++i) {
+                dst[i] = store_as<D>(load_as<A>(src[i]));
+            }
+        }
+    } else {
+        for (std::size_t i = 0; i < n; ++i) {
+            dst[i] = store_as<D>(load_as<A>(src[i]) * s);
+        }
+    }
+}
+
+/// Copies `n` elements from `src` (dtype `src_type`) to `dst` (dtype `dst_type`),
+/// multiplying by `scale`; with `accumulate`, adds to what `dst` holds. Both types
+/// must be floating point. `dst == src` is allowed when the types are equal.
+inline void convert_scale(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n,
+                          double scale = 1.0, bool accumulate = false) {
+    visit_floating(dst_type, [&](auto d) {
+        using D = decltype(d);
+        visit_floating(src_type, [&](auto s) {
+            using S = decltype(s);
+            convert_scale_typed(static_cast<D*>(dst), static_cast<const S*>(src), n, scale,
+                                accumulate);
+        });
+    });
+}
+
+/// Sets `n` elements of dtype `type` at `dst` to zero (all-zero bits is +0 in every dtype).
+inline void fill_zero(void* dst, dtype type, std::size_t n) noexcept {
+    if (n != 0) {
+        std::memset(dst, 0, n * size_of(type));
+    }
+}
+
+} // namespace unison::detail

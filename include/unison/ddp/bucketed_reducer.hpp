@@ -1,0 +1,610 @@
+#pragma once
+
+/// \file
+/// `bucketed_reducer`: gradient synchronization for data parallelism, overlapped
+/// with backward.
+///
+/// The framework registers its gradient tensors once (`add`), calls `start()`, and
+/// then, every step, calls `mark_ready(i)` from the backward hook of gradient `i`
+/// and `finish()` after backward. Gradients are grouped into buckets (default
+/// 25 MiB, the first 1 MiB); a bucket's all-reduce is launched, non-blocking, as
+/// soon as all its gradients are ready, so communication overlaps the rest of
+/// backward. Buckets launch strictly in bucket order on every rank, whatever order
+/// the gradients become ready in, so the collectives match across ranks. `finish()`
+/// completes the reductions and leaves the averaged gradients in place.
+///
+/// The first layout follows the reverse of registration (backward visits the last
+/// layers first). After the first synchronizing step the buckets are rebuilt once
+/// from the order gradients actually became ready on rank 0, broadcast so every
+/// rank builds the same buckets.
+///
+/// Not thread-safe: call `mark_ready` and `finish` from one thread at a time.
+
+#include "unison/comm/collectives.hpp"
+#include "unison/comm/communicator.hpp"
+#include "unison/core/detail/convert.hpp"
+#include "unison/core/error.hpp"
+#include "unison/core/tensor.hpp"
+#include "unison/ddp/detail/bucket_plan.hpp"
+#include "unison/ddp/hooks.hpp"
+#include "unison/ddp/policies.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace unison {
+
+namespace detail {
+
+template <class C>
+inline constexpr bool is_ddp_category = std::is_same_v<C, policy::category::bucket_size> ||
+                                        std::is_same_v<C, policy::category::first_bucket_size> ||
+                                        std::is_same_v<C, policy::category::averaging> ||
+                                        std::is_same_v<C, policy::category::reduce_dtype> ||
+                                        std::is_same_v<C, policy::category::unused_parameters> ||
+                                        std::is_same_v<C, policy::category::accumulation> ||
+                                        std::is_same_v<C, policy::category::comm_hook> ||
+                                        std::is_same_v<C, policy::category::gradient_memory>;
+
+/// The resolved configuration of a policy list.
+template <class... Ps>
+struct ddp_config {
+    static_assert((is_ddp_category<category_of_t<Ps>> && ...),
+                  "unison::bucketed_reducer / unison::ddp: every argument after the communicator "
+                  "must be a DDP policy from unison::policy (bucket_size, first_bucket_size, "
+                  "divide_after, predivide, sum_only, reduce_dtype, unused_as_zero, "
+                  "unused_is_error, accumulate_steps, comm_hook, gradients_in_buckets)");
+    static_assert(count_category<policy::category::bucket_size, Ps...> <= 1,
+                  "unison DDP policies: more than one bucket_size given");
+    static_assert(count_category<policy::category::first_bucket_size, Ps...> <= 1,
+                  "unison DDP policies: more than one first_bucket_size given");
+    static_assert(count_category<policy::category::averaging, Ps...> <= 1,
+                  "unison DDP policies: conflicting averaging policies (give one of "
+                  "divide_after, predivide<F>, sum_only)");
+    static_assert(count_category<policy::category::reduce_dtype, Ps...> <= 1,
+                  "unison DDP policies: more than one reduce dtype given");
+    static_assert(count_category<policy::category::unused_parameters, Ps...> <= 1,
+                  "unison DDP policies: conflicting unused-parameter policies (give one of "
+                  "unused_as_zero, unused_is_error)");
+    static_assert(count_category<policy::category::accumulation, Ps...> <= 1,
+                  "unison DDP policies: more than one accumulate_steps given");
+    static_assert(count_category<policy::category::comm_hook, Ps...> <= 1,
+                  "unison DDP policies: more than one comm_hook given");
+    static_assert(count_category<policy::category::gradient_memory, Ps...> <= 1,
+                  "unison DDP policies: conflicting gradient-memory policies (give one of "
+                  "gradients_in_buckets, gradients_separate)");
+
+    using bucket_size = select_policy_t<policy::bucket_size<25 * policy::MiB>,
+                                        policy::category::bucket_size, Ps...>;
+    using first_bucket_size = select_policy_t<policy::first_bucket_size<policy::MiB>,
+                                              policy::category::first_bucket_size, Ps...>;
+    using averaging = select_policy_t<policy::divide_after, policy::category::averaging, Ps...>;
+    using reduce_dtype =
+        select_policy_t<policy::reduce_in_gradient_dtype, policy::category::reduce_dtype, Ps...>;
+    using unused =
+        select_policy_t<policy::unused_as_zero, policy::category::unused_parameters, Ps...>;
+    using accumulation =
+        select_policy_t<policy::accumulate_steps<1>, policy::category::accumulation, Ps...>;
+    using hook = typename select_policy_t<policy::comm_hook<all_reduce_hook>,
+                                          policy::category::comm_hook, Ps...>::type;
+    using gradient_memory =
+        select_policy_t<policy::gradients_separate, policy::category::gradient_memory, Ps...>;
+};
+
+/// 64-byte aligned storage for a bucket.
+class aligned_bytes {
+public:
+    aligned_bytes() = default;
+    explicit aligned_bytes(std::size_t bytes)
+        : data_(bytes == 0
+                    ? nullptr
+                    : static_cast<std::byte*>(::operator new (bytes, std::align_val_t{64}))) {}
+    std::byte* data() const noexcept { return data_.get(); }
+
+private:
+    struct release {
+        void operator()(std::byte* p) const noexcept {
+            ::operator delete (p, std::align_val_t{64});
+        }
+    };
+    std::unique_ptr<std::byte, release> data_;
+};
+
+} // namespace detail
+
+/// Buckets gradients and all-reduces them while backward runs. `C` is any
+/// communicator; `Policies` come from unison::policy (see policies.hpp).
+template <communicator C, class... Policies>
+class bucketed_reducer {
+public:
+    using config = detail::ddp_config<Policies...>;
+    using hook_type = typename config::hook;
+    using request_type = typename C::request_type;
+
+    /// The reducer keeps a reference to `comm`, which must outlive it.
+    explicit bucketed_reducer(C& comm, hook_type hook = {})
+        : comm_(&comm), hook_(std::move(hook)),
+          first_bucket_bytes_(config::first_bucket_size::bytes),
+          bucket_bytes_(config::bucket_size::bytes) {}
+
+    bucketed_reducer(const bucketed_reducer&) = delete;
+    bucketed_reducer& operator=(const bucketed_reducer&) = delete;
+    /// Waits for any reduction still in flight (the request destructors wait).
+    ~bucketed_reducer() = default;
+
+    // ----------------------------------------------------------- registration
+
+    /// Registers a gradient (floating point, host memory) and returns its index, the
+    /// `i` of `mark_ready(i)`. Every rank registers the same gradients in the same
+    /// order (`start()` checks). With `gradients_in_buckets`, `grad`'s values are
+    /// copied into the bucket at `start()` and from then on `gradient(i)` is the
+    /// gradient; otherwise `grad` must stay valid (see `rebind`).
+    template <writable_tensor G>
+    std::size_t add(G&& grad, std::string name = {}) {
+        const buffer b = as_buffer(grad);
+        const std::size_t index = entries_.size();
+        if (name.empty()) {
+            name = "#" + std::to_string(index);
+        }
+        if (started_) {
+            fail("add", "gradient '" + name + "' registered after start()");
+        }
+        if (!is_floating(b.type)) {
+            fail("add", "gradient '" + name + "' has dtype " + std::string(to_string(b.type)) +
+                            "; gradients are floating point (f64, f32, f16, bf16)");
+        }
+        if (!b.location.is_host()) {
+            fail("add", "gradient '" + name +
+                            "' is in device memory; this reducer packs buckets on the host");
+        }
+        if (b.count != 0 && b.data == nullptr) {
+            fail("add", "gradient '" + name + "' has " + std::to_string(b.count) +
+                            " elements but no storage");
+        }
+        const dtype bucket_type =
+            config::reduce_dtype::own_dtype ? b.type : config::reduce_dtype::type;
+        if (config::gradient_memory::in_buckets && bucket_type != b.type) {
+            fail("add", "gradient '" + name + "' is " + std::string(to_string(b.type)) +
+                            " but buckets are " + std::string(to_string(bucket_type)) +
+                            ": gradients_in_buckets needs the reduce dtype to be the gradients'");
+        }
+        entries_.push_back(entry{b, std::move(name), bucket_type});
+        return index;
+    }
+
+    /// Points gradient `i` at new storage of the same size and dtype (a framework
+    /// that reallocates its gradients). Not during a step in which `i` is ready.
+    template <writable_tensor G>
+    void rebind(std::size_t i, G&& grad) {
+        entry& e = at(i, "rebind");
+        const buffer b = as_buffer(grad);
+        if (b.count != e.grad.count || b.type != e.grad.type) {
+            fail("rebind", "gradient '" + e.name + "' rebound to " + std::to_string(b.count) + " " +
+                               std::string(to_string(b.type)) + " elements; it has " +
+                               std::to_string(e.grad.count) + " " +
+                               std::string(to_string(e.grad.type)));
+        }
+        if (e.ready) {
+            fail("rebind", "gradient '" + e.name + "' rebound while its reduction is in flight");
+        }
+        e.grad = b;
+    }
+
+    /// Freezes the registration, checks that every rank registered the same
+    /// gradients (count and dtype, in order) and builds the first buckets.
+    /// Collective: every rank calls it.
+    void start() {
+        if (started_) {
+            fail("start", "start() called twice");
+        }
+        verify_layout();
+        std::vector<std::size_t> order(entries_.size());
+        for (std::size_t k = 0; k < order.size(); ++k) {
+            order[k] = order.size() - 1 - k;
+        }
+        build(order, /*carry_values=*/false);
+        if constexpr (config::gradient_memory::in_buckets) {
+            for (entry& e : entries_) {
+                detail::convert_scale(slot(e), e.bucket_type, e.grad.data, e.grad.type,
+                                      e.grad.count);
+            }
+        }
+        started_ = true;
+    }
+
+    // ----------------------------------------------------------------- a step
+
+    /// Gradient `i` is final for this backward pass. Packs it into its bucket and,
+    /// once its bucket (and every bucket before it) is complete, launches the
+    /// bucket's reduction. On a micro-step that only accumulates, does nothing.
+    void mark_ready(std::size_t i) {
+        require_started("mark_ready");
+        entry& e = at(i, "mark_ready");
+        if (!sync_step()) {
+            return;
+        }
+        if (e.ready) {
+            fail("mark_ready", "gradient '" + e.name + "' marked ready twice in one step");
+        }
+        make_ready(i, /*zero=*/false);
+        launch_ready_buckets();
+        poll();
+    }
+
+    /// This rank contributes zero for every gradient not yet marked ready in this
+    /// step (a rank without data in a `join`ed loop). Launches what becomes ready.
+    void contribute_zero() {
+        require_started("contribute_zero");
+        if (!sync_step()) {
+            return;
+        }
+        for (std::size_t i = 0; i < entries_.size(); ++i) {
+            if (!entries_[i].ready) {
+                make_ready(i, /*zero=*/true);
+            }
+        }
+        launch_ready_buckets();
+    }
+
+    /// Ends the step. On a synchronizing step: gradients never marked ready count as
+    /// zero (with `unused_is_error`, an error naming them after the reductions
+    /// completed), every bucket is waited for and the averaged gradients are written
+    /// back; returns true. On an accumulating micro-step returns false at once.
+    bool finish() {
+        require_started("finish");
+        if (!sync_step()) {
+            ++micro_step_;
+            return false;
+        }
+        std::vector<std::size_t> unused;
+        for (std::size_t i = 0; i < entries_.size(); ++i) {
+            if (!entries_[i].ready) {
+                unused.push_back(i);
+                make_ready(i, /*zero=*/true);
+            }
+        }
+        std::exception_ptr failure;
+        try {
+            launch_ready_buckets();
+        } catch (...) {
+            failure = std::current_exception();
+        }
+        const double post = post_scale();
+        for (std::size_t k = 0; k < buckets_.size(); ++k) {
+            bucket& b = buckets_[k];
+            if (!b.request) {
+                continue;
+            }
+            try {
+                b.request->wait();
+                if (!failure) {
+                    if constexpr (detail::completing_hook<hook_type>) {
+                        hook_.complete(ref(k));
+                    }
+                    unpack(b, post);
+                }
+            } catch (...) {
+                if (!failure) {
+                    failure = std::current_exception();
+                }
+            }
+        }
+        reset_step();
+        if (failure) {
+            std::rethrow_exception(failure);
+        }
+        if (!rebuilt_) {
+            rebuild();
+        }
+        if (config::unused::error && !unused.empty()) {
+            std::string names;
+            for (std::size_t i : unused) {
+                names += (names.empty() ? "'" : ", '") + entries_[i].name + "'";
+            }
+            fail("finish", "no gradient for " + names +
+                               " in this step (reduced as zero); with unused_is_error every "
+                               "registered parameter must take part in every step");
+        }
+        return true;
+    }
+
+    /// Divide by the number of ranks that contributed data in the next synchronizing
+    /// step instead of by size() (`join` sets it; it resets after the step).
+    void set_contributing_ranks(int n) {
+        if (n < 1 || n > comm_->size()) {
+            fail("set_contributing_ranks",
+                 std::to_string(n) + " contributing ranks out of " + std::to_string(comm_->size()));
+        }
+        contributing_ = n;
+    }
+
+    // ---------------------------------------------------------------- queries
+
+    /// Whether the current micro-step synchronizes (the K-th of accumulate_steps<K>).
+    bool sync_step() const noexcept { return micro_step_ + 1 >= config::accumulation::steps; }
+    /// What the reduced sum is divided by in the next synchronizing step: the
+    /// contributing ranks under averaging, 1 under `sum_only`.
+    double averaging_divisor() const noexcept {
+        if constexpr (config::averaging::average) {
+            return static_cast<double>(contributing_ > 0 ? contributing_ : comm_->size());
+        } else {
+            return 1.0;
+        }
+    }
+
+    /// With `gradients_in_buckets`: gradient `i`, inside its bucket. Views change when
+    /// the buckets are rebuilt after the first synchronizing step (`layout_version()`
+    /// changes; the values are carried over), so fetch them again then.
+    template <element T>
+    view<T> gradient(std::size_t i) {
+        static_assert(config::gradient_memory::in_buckets,
+                      "bucketed_reducer::gradient: gradients live in buckets only with "
+                      "policy::gradients_in_buckets");
+        require_started("gradient");
+        entry& e = at(i, "gradient");
+        if (dtype_of<T> != e.bucket_type) {
+            fail("gradient", "gradient '" + e.name + "' is " +
+                                 std::string(to_string(e.bucket_type)) + ", asked for " +
+                                 std::string(to_string(dtype_of<T>)));
+        }
+        return view<T>{static_cast<T*>(slot(e)), e.grad.count};
+    }
+    /// Bumped whenever bucket memory moves (at the rebuild).
+    std::uint64_t layout_version() const noexcept { return layout_version_; }
+    /// Whether the buckets were rebuilt from the observed ready order yet.
+    bool rebuilt() const noexcept { return rebuilt_; }
+
+    /// Registration indices per bucket, in launch order.
+    std::vector<std::vector<std::size_t>> bucket_layout() const {
+        std::vector<std::vector<std::size_t>> layout;
+        for (const bucket& b : buckets_) {
+            layout.push_back(b.members);
+        }
+        return layout;
+    }
+    std::size_t bucket_count() const noexcept { return buckets_.size(); }
+    std::size_t gradient_count() const noexcept { return entries_.size(); }
+    const std::string& name(std::size_t i) const { return entries_.at(i).name; }
+
+    /// Bucket sizes in bytes used by start() and the rebuild (overrides the
+    /// policies; for tuning sweeps). Before start() only.
+    void set_bucket_sizes(std::size_t first_bytes, std::size_t bytes) {
+        if (started_) {
+            fail("set_bucket_sizes", "bucket sizes changed after start()");
+        }
+        if (first_bytes == 0 || bytes == 0) {
+            fail("set_bucket_sizes", "bucket sizes must be positive");
+        }
+        first_bucket_bytes_ = first_bytes;
+        bucket_bytes_ = bytes;
+    }
+
+    hook_type& hook() noexcept { return hook_; }
+    C& communicator() noexcept { return *comm_; }
+
+private:
+    struct entry {
+        buffer grad;
+        std::string name;
+        dtype bucket_type = dtype::f32;
+        std::size_t bucket = 0;
+        std::size_t offset = 0; // elements into the bucket
+        bool ready = false;
+    };
+    struct bucket {
+        dtype type = dtype::f32;
+        std::vector<std::size_t> members;
+        std::size_t count = 0;
+        detail::aligned_bytes storage;
+        std::size_t pending = 0;
+        std::optional<request_type> request;
+    };
+
+    [[noreturn]] void fail(const char* what, const std::string& detail) const {
+        throw argument_error(comm_->rank(), std::string("bucketed_reducer ") + what, detail);
+    }
+    void require_started(const char* what) const {
+        if (!started_) {
+            fail(what, "call start() after registering the gradients");
+        }
+    }
+    entry& at(std::size_t i, const char* what) {
+        if (i >= entries_.size()) {
+            fail(what, "gradient index " + std::to_string(i) + " out of range (" +
+                           std::to_string(entries_.size()) + " registered)");
+        }
+        return entries_[i];
+    }
+    void* slot(const entry& e) const noexcept {
+        return buckets_[e.bucket].storage.data() + e.offset * size_of(e.bucket_type);
+    }
+    bucket_ref ref(std::size_t k) {
+        bucket& b = buckets_[k];
+        return bucket_ref{k, buffer{b.storage.data(), b.count, b.type}, b.members};
+    }
+
+    double pre_scale() const noexcept { return 1.0 / config::averaging::factor; }
+    double post_scale() const noexcept { return config::averaging::factor / averaging_divisor(); }
+
+    void make_ready(std::size_t i, bool zero) {
+        entry& e = entries_[i];
+        e.ready = true;
+        if (!rebuilt_) {
+            ready_order_.push_back(i);
+        }
+        void* dst = slot(e);
+        if (zero) {
+            detail::fill_zero(dst, e.bucket_type, e.grad.count);
+        } else if constexpr (config::gradient_memory::in_buckets) {
+            if (pre_scale() != 1.0) {
+                detail::convert_scale(dst, e.bucket_type, dst, e.bucket_type, e.grad.count,
+                                      pre_scale());
+            }
+        } else {
+            detail::convert_scale(dst, e.bucket_type, e.grad.data, e.grad.type, e.grad.count,
+                                  pre_scale());
+        }
+        --buckets_[e.bucket].pending;
+    }
+
+    void launch_ready_buckets() {
+        while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+            const std::size_t k = next_launch_++;
+            buckets_[k].request.emplace(hook_.launch(*comm_, ref(k)));
+        }
+    }
+
+    /// Drives progress of the oldest reductions in flight (MPI progresses inside test()).
+    void poll() {
+        while (next_poll_ < next_launch_ && buckets_[next_poll_].request->test()) {
+            ++next_poll_;
+        }
+    }
+
+    void unpack(bucket& b, double post) {
+        for (std::size_t g : b.members) {
+            entry& e = entries_[g];
+            void* src = slot(e);
+            if constexpr (config::gradient_memory::in_buckets) {
+                if (post != 1.0) {
+                    detail::convert_scale(src, e.bucket_type, src, e.bucket_type, e.grad.count,
+                                          post);
+                }
+            } else {
+                detail::convert_scale(e.grad.data, e.grad.type, src, e.bucket_type, e.grad.count,
+                                      post);
+            }
+        }
+    }
+
+    void reset_step() {
+        for (entry& e : entries_) {
+            e.ready = false;
+        }
+        for (bucket& b : buckets_) {
+            b.request.reset();
+            b.pending = b.members.size();
+        }
+        next_launch_ = 0;
+        next_poll_ = 0;
+        micro_step_ = 0;
+        contributing_ = 0;
+    }
+
+    /// Lays the buckets out in `order`; with `carry_values`, the gradients' values
+    /// move from the old buckets to the new ones.
+    void build(const std::vector<std::size_t>& order, bool carry_values) {
+        std::vector<std::size_t> counts;
+        std::vector<dtype> types;
+        for (const entry& e : entries_) {
+            counts.push_back(e.grad.count);
+            types.push_back(e.bucket_type);
+        }
+        std::vector<detail::planned_bucket> plan =
+            detail::plan_buckets(order, counts, types, first_bucket_bytes_, bucket_bytes_);
+        std::vector<bucket> fresh(plan.size());
+        std::vector<entry> placed = entries_;
+        for (std::size_t k = 0; k < plan.size(); ++k) {
+            bucket& b = fresh[k];
+            b.type = plan[k].type;
+            b.members = std::move(plan[k].members);
+            for (std::size_t g : b.members) {
+                placed[g].bucket = k;
+                placed[g].offset = b.count;
+                b.count += entries_[g].grad.count;
+            }
+            b.storage = detail::aligned_bytes(b.count * size_of(b.type));
+            b.pending = b.members.size();
+        }
+        if (carry_values) {
+            for (std::size_t g = 0; g < entries_.size(); ++g) {
+                const entry& from = entries_[g];
+                const entry& to = placed[g];
+                detail::convert_scale(
+                    fresh[to.bucket].storage.data() + to.offset * size_of(to.bucket_type),
+                    to.bucket_type, slot(from), from.bucket_type, from.grad.count);
+            }
+        }
+        buckets_ = std::move(fresh);
+        entries_ = std::move(placed);
+        ++layout_version_;
+    }
+
+    /// Rebuilds the buckets from rank 0's observed ready order, once.
+    void rebuild() {
+        std::vector<std::int64_t> order(ready_order_.begin(), ready_order_.end());
+        broadcast(*comm_, order, 0);
+        std::vector<std::size_t> chosen;
+        std::vector<bool> seen(entries_.size(), false);
+        for (std::int64_t g : order) {
+            if (g < 0 || static_cast<std::size_t>(g) >= entries_.size() ||
+                seen[static_cast<std::size_t>(g)]) {
+                fail("rebuild", "rank 0's ready order is not a permutation of the gradients");
+            }
+            seen[static_cast<std::size_t>(g)] = true;
+            chosen.push_back(static_cast<std::size_t>(g));
+        }
+        build(chosen, config::gradient_memory::in_buckets);
+        ready_order_.clear();
+        ready_order_.shrink_to_fit();
+        rebuilt_ = true;
+    }
+
+    /// Every rank must register the same gradients: compare a count and a hash of
+    /// the (count, dtype) list across ranks.
+    void verify_layout() {
+        std::uint64_t hash = 1469598103934665603ull;
+        auto mix = [&](std::uint64_t v) {
+            for (int byte = 0; byte < 8; ++byte) {
+                hash = (hash ^ ((v >> (8 * byte)) & 0xffu)) * 1099511628211ull;
+            }
+        };
+        for (const entry& e : entries_) {
+            mix(e.grad.count);
+            mix(static_cast<std::uint64_t>(e.grad.type));
+            mix(static_cast<std::uint64_t>(e.bucket_type));
+        }
+        const std::vector<std::int64_t> mine{static_cast<std::int64_t>(entries_.size()),
+                                             static_cast<std::int64_t>(hash)};
+        std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm_->size()));
+        all_gather(*comm_, mine, all);
+        for (int r = 0; r < comm_->size(); ++r) {
+            const auto n = all[2 * static_cast<std::size_t>(r)];
+            const auto h = all[2 * static_cast<std::size_t>(r) + 1];
+            if (n != mine[0] || h != mine[1]) {
+                throw mismatch_error(
+                    comm_->rank(), "bucketed_reducer start",
+                    "rank " + std::to_string(r) + " registered " + std::to_string(n) +
+                        " gradients" + (n == mine[0] ? " of different sizes or dtypes" : "") +
+                        ", this rank " + std::to_string(mine[0]) +
+                        ": every rank must register the same gradients in the same order",
+                    r, "gradients");
+            }
+        }
+    }
+
+    C* comm_;
+    hook_type hook_;
+    std::size_t first_bucket_bytes_;
+    std::size_t bucket_bytes_;
+    std::vector<entry> entries_;
+    std::vector<bucket> buckets_;
+    std::vector<std::size_t> ready_order_;
+    std::size_t next_launch_ = 0;
+    std::size_t next_poll_ = 0;
+    int micro_step_ = 0;
+    int contributing_ = 0;
+    std::uint64_t layout_version_ = 0;
+    bool started_ = false;
+    bool rebuilt_ = false;
+};
+
+} // namespace unison

@@ -1,0 +1,465 @@
+#pragma once
+
+// The bucketed reducer, written once against the communicator concept and run by
+// each backend's test file (tests/thread/ddp.cpp, tests/mpi/ddp.cpp). Gradients
+// hold deterministic random values per (step, rank, gradient, element); after
+// finish() every element is compared with the mean (or sum) over ranks computed
+// here in double precision.
+
+#include "../collectives/cases.hpp"
+
+#include <unison/ddp.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace unison::test {
+
+/// A value in [-1, 1) for element `i` of gradient `g` on `rank` in `step`.
+inline double grad_value(std::uint64_t seed, int step, int rank, std::size_t g, std::size_t i) {
+    const std::uint64_t h =
+        mix(seed * 1000003u + static_cast<std::uint64_t>(step) * 7919u + g, rank, i);
+    return static_cast<double>(h >> 11) * 0x1.0p-52 - 1.0;
+}
+
+/// Sizes that give many buckets with 4 KiB / 64 KiB bucket limits, odd sizes included.
+inline const std::vector<std::size_t> reducer_sizes = {1, 7,    1000,  300001, 5,    65536,
+                                                       3, 4096, 77777, 2,      1024, 13};
+
+/// A rank-dependent permutation of 0..n-1 (the order gradients become ready in).
+inline std::vector<std::size_t> shuffled(std::size_t n, std::uint64_t seed) {
+    std::vector<std::size_t> order(n);
+    for (std::size_t k = 0; k < n; ++k) {
+        order[k] = k;
+    }
+    for (std::size_t k = n; k > 1; --k) {
+        std::swap(order[k - 1], order[mix(seed, 0, k) % k]);
+    }
+    return order;
+}
+
+/// Gradients of dtype T (and one f64 gradient when `mixed`) owned by the test.
+template <class T>
+struct test_gradients {
+    std::vector<std::vector<T>> f;
+    std::vector<double> extra; // the f64 gradient, last
+};
+
+/// How the expected value of one element is formed from the ranks' values.
+enum class expect_kind { average, sum };
+
+/// Runs `steps` synchronizations of a `Reducer` over `reducer_sizes` (plus an f64
+/// gradient when `mixed`) and checks every element against the double reference
+/// within `tol` (absolute; values are in [-1, 1)). With `in_buckets` the values are
+/// written through the reducer's views. Also checks that the rebuilt layout is the
+/// same on every rank and follows rank 0's ready order.
+template <class Reducer, class T, communicator C>
+void reducer_average_case(C& comm, double tol, expect_kind kind, bool in_buckets, bool mixed,
+                          const std::string& name, std::uint64_t seed = 11) {
+    const int n = comm.size();
+    const int rank = comm.rank();
+    test_gradients<T> grads;
+    for (std::size_t s : reducer_sizes) {
+        grads.f.emplace_back(s, T(0));
+    }
+    grads.extra.assign(mixed ? 999 : 0, 0.0);
+    const std::size_t count = grads.f.size() + (mixed ? 1 : 0);
+
+    Reducer reducer(comm);
+    reducer.set_bucket_sizes(4096, 65536);
+    for (std::size_t g = 0; g < grads.f.size(); ++g) {
+        reducer.add(grads.f[g], "g" + std::to_string(g));
+    }
+    if (mixed) {
+        reducer.add(grads.extra, "extra");
+    }
+    reducer.start();
+
+    auto write = [&](std::size_t g, std::size_t i, double v) {
+        if (g < grads.f.size()) {
+            if constexpr (Reducer::config::gradient_memory::in_buckets) {
+                reducer.template gradient<T>(g).data[i] = static_cast<T>(v);
+            } else {
+                grads.f[g][i] = static_cast<T>(v);
+            }
+        } else {
+            if constexpr (Reducer::config::gradient_memory::in_buckets) {
+                reducer.template gradient<double>(g).data[i] = v;
+            } else {
+                grads.extra[i] = v;
+            }
+        }
+    };
+    auto read = [&](std::size_t g, std::size_t i) -> double {
+        if (g < grads.f.size()) {
+            if constexpr (Reducer::config::gradient_memory::in_buckets) {
+                return static_cast<double>(reducer.template gradient<T>(g).data[i]);
+            } else {
+                return static_cast<double>(grads.f[g][i]);
+            }
+        }
+        if constexpr (Reducer::config::gradient_memory::in_buckets) {
+            return reducer.template gradient<double>(g).data[i];
+        } else {
+            return grads.extra[i];
+        }
+    };
+    auto size_of_grad = [&](std::size_t g) {
+        return g < grads.f.size() ? grads.f[g].size() : grads.extra.size();
+    };
+    (void)in_buckets;
+
+    outcome o;
+    for (int step = 0; step < 3; ++step) {
+        const auto order =
+            step == 0 ? shuffled(count, seed + static_cast<std::uint64_t>(rank)) : [&] {
+                std::vector<std::size_t> r(count);
+                for (std::size_t k = 0; k < count; ++k) {
+                    r[k] = count - 1 - k;
+                }
+                return r;
+            }();
+        for (std::size_t g : order) {
+            for (std::size_t i = 0; i < size_of_grad(g); ++i) {
+                write(g, i, grad_value(seed, step, rank, g, i));
+            }
+            reducer.mark_ready(g);
+        }
+        o.expect(reducer.finish(), "finish() did not synchronize");
+        for (std::size_t g = 0; g < count; ++g) {
+            for (std::size_t i = 0; i < size_of_grad(g); ++i) {
+                double expected = 0.0;
+                for (int r = 0; r < n; ++r) {
+                    expected += grad_value(seed, step, r, g, i);
+                }
+                if (kind == expect_kind::average) {
+                    expected /= n;
+                }
+                const double got = read(g, i);
+                o.expect(std::abs(got - expected) <= tol,
+                         name + ": step " + std::to_string(step) + " gradient " +
+                             std::to_string(g) + "[" + std::to_string(i) + "] = " +
+                             std::to_string(got) + ", expected " + std::to_string(expected));
+            }
+        }
+        if (step == 0) {
+            // The rebuilt layout follows rank 0's ready order, per dtype, on every rank.
+            o.expect(reducer.rebuilt(), name + ": buckets not rebuilt after the first step");
+            const auto rank0 = shuffled(count, seed);
+            const auto layout = reducer.bucket_layout();
+            std::vector<std::size_t> flat_f, flat_d;
+            for (const auto& b : layout) {
+                for (std::size_t g : b) {
+                    (g < grads.f.size() ? flat_f : flat_d).push_back(g);
+                }
+            }
+            std::vector<std::size_t> want_f, want_d;
+            for (std::size_t g : rank0) {
+                (g < grads.f.size() ? want_f : want_d).push_back(g);
+            }
+            o.expect(flat_f == want_f && flat_d == want_d,
+                     name + ": rebuilt layout does not follow rank 0's ready order");
+            std::uint64_t h = 0;
+            for (const auto& b : layout) {
+                for (std::size_t g : b) {
+                    h = h * 1000003u + g + 1;
+                }
+                h = h * 31u + 7u;
+            }
+            std::vector<std::int64_t> mine{static_cast<std::int64_t>(h)};
+            std::vector<std::int64_t> all(static_cast<std::size_t>(n));
+            all_gather(comm, mine, all);
+            o.expect(
+                std::all_of(all.begin(), all.end(), [&](std::int64_t x) { return x == all[0]; }),
+                name + ": ranks rebuilt different bucket layouts");
+        }
+    }
+    UNISON_CHECK_CASE(comm, name, o);
+}
+
+/// Every averaging, dtype, memory and hook policy.
+template <communicator C>
+void reducer_policy_cases(C& comm) {
+    using namespace unison::policy;
+    const double n = comm.size();
+    reducer_average_case<bucketed_reducer<C>, float>(comm, 4e-7 * n, expect_kind::average, false,
+                                                     true, "default (f32 + f64)");
+    reducer_average_case<bucketed_reducer<C>, double>(comm, 1e-15 * n, expect_kind::average, false,
+                                                      false, "f64");
+    reducer_average_case<bucketed_reducer<C, predivide<2.0>>, float>(
+        comm, 4e-7 * n, expect_kind::average, false, true, "predivide<2>");
+    reducer_average_case<bucketed_reducer<C, sum_only>, float>(comm, 4e-7 * n * n, expect_kind::sum,
+                                                               false, true, "sum_only");
+    reducer_average_case<bucketed_reducer<C, gradients_in_buckets>, float>(
+        comm, 4e-7 * n, expect_kind::average, true, true, "gradients_in_buckets");
+    reducer_average_case<bucketed_reducer<C, gradients_in_buckets, predivide<4.0>>, double>(
+        comm, 1e-15 * n, expect_kind::average, true, false, "gradients_in_buckets + predivide<4>");
+    // bf16 keeps 8 significant bits: each input and each partial sum rounds by 2^-9
+    // relative, partial sums reach n in magnitude.
+    reducer_average_case<bucketed_reducer<C, reduce_dtype<dtype::bf16>>, float>(
+        comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, false, true, "reduce in bf16");
+    reducer_average_case<bucketed_reducer<C, reduce_dtype<dtype::f16>, divide_after>, float>(
+        comm, n * n * 0x1.0p-12 + 0x1.0p-11, expect_kind::average, false, false, "reduce in f16");
+    reducer_average_case<bucketed_reducer<C, comm_hook<compress_hook<dtype::bf16>>>, float>(
+        comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, false, false,
+        "compress_hook<bf16>");
+}
+
+/// Counts the buckets it launches, then reduces like the default hook.
+struct counting_hook {
+    int* launches = nullptr;
+    int* completions = nullptr;
+    template <communicator C>
+    typename C::request_type launch(C& comm, const bucket_ref& b) {
+        ++*launches;
+        return all_reduce_hook{}.launch(comm, b);
+    }
+    void complete(const bucket_ref&) { ++*completions; }
+};
+
+/// accumulate_steps<3>: two micro-steps without communication, then one sync of
+/// the accumulated gradients.
+template <communicator C>
+void reducer_accumulation_case(C& comm, std::uint64_t seed = 21) {
+    using namespace unison::policy;
+    const int n = comm.size();
+    int launches = 0, completions = 0;
+    std::vector<std::vector<float>> grads;
+    for (std::size_t s : reducer_sizes) {
+        grads.emplace_back(s, 0.0f);
+    }
+    bucketed_reducer<C, accumulate_steps<3>, comm_hook<counting_hook>> reducer(
+        comm, counting_hook{&launches, &completions});
+    reducer.set_bucket_sizes(4096, 65536);
+    for (auto& g : grads) {
+        reducer.add(g);
+    }
+    reducer.start();
+    outcome o;
+    for (int window = 0; window < 2; ++window) {
+        for (auto& g : grads) {
+            std::fill(g.begin(), g.end(), 0.0f);
+        }
+        const int before = launches;
+        for (int micro = 0; micro < 3; ++micro) {
+            for (std::size_t g = grads.size(); g-- > 0;) {
+                for (std::size_t i = 0; i < grads[g].size(); ++i) {
+                    grads[g][i] +=
+                        static_cast<float>(grad_value(seed, window * 3 + micro, comm.rank(), g, i));
+                }
+                reducer.mark_ready(g);
+            }
+            const bool synced = reducer.finish();
+            o.expect(synced == (micro == 2), "finish() synchronized on the wrong micro-step");
+            if (micro < 2) {
+                o.expect(launches == before, "a bucket was reduced on an accumulating micro-step");
+            }
+        }
+        o.expect(launches - before == static_cast<int>(reducer.bucket_count()) &&
+                     completions == launches,
+                 "the hook did not launch and complete every bucket once per window");
+        for (std::size_t g = 0; g < grads.size(); ++g) {
+            for (std::size_t i = 0; i < grads[g].size(); ++i) {
+                double expected = 0.0;
+                for (int r = 0; r < n; ++r) {
+                    double mine = 0.0;
+                    for (int micro = 0; micro < 3; ++micro) {
+                        mine += static_cast<float>(grad_value(seed, window * 3 + micro, r, g, i));
+                    }
+                    expected += mine;
+                }
+                expected /= n;
+                o.expect(std::abs(grads[g][i] - expected) <= 3e-6 * n,
+                         "window " + std::to_string(window) + " gradient " + std::to_string(g) +
+                             "[" + std::to_string(i) + "] = " + std::to_string(grads[g][i]) +
+                             ", expected " + std::to_string(expected));
+            }
+        }
+    }
+    UNISON_CHECK_CASE(comm, "accumulate_steps<3>", o);
+}
+
+/// Unused parameters: gradient 2 is not marked on rank 0, gradient 3 on no rank.
+template <communicator C>
+void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
+    using namespace unison::policy;
+    const int n = comm.size();
+    const int rank = comm.rank();
+    outcome o;
+    auto run = [&](auto& reducer, std::vector<std::vector<float>>& grads, int step, bool skip2,
+                   bool skip3) {
+        for (std::size_t g = grads.size(); g-- > 0;) {
+            for (std::size_t i = 0; i < grads[g].size(); ++i) {
+                grads[g][i] = static_cast<float>(grad_value(seed, step, rank, g, i));
+            }
+            if ((g == 2 && skip2 && rank == 0) || (g == 3 && skip3)) {
+                continue; // never marked: its stale values must not leak into the result
+            }
+            reducer.mark_ready(g);
+        }
+    };
+    auto expect = [&](std::vector<std::vector<float>>& grads, int step, bool skip2, bool skip3,
+                      const std::string& what) {
+        for (std::size_t g = 0; g < grads.size(); ++g) {
+            for (std::size_t i = 0; i < grads[g].size(); ++i) {
+                double expected = 0.0;
+                for (int r = 0; r < n; ++r) {
+                    const bool used = !((g == 2 && skip2 && r == 0) || (g == 3 && skip3));
+                    expected += used ? grad_value(seed, step, r, g, i) : 0.0;
+                }
+                expected /= n;
+                o.expect(std::abs(grads[g][i] - expected) <= 4e-7 * n,
+                         what + ": gradient " + std::to_string(g) + "[" + std::to_string(i) +
+                             "] = " + std::to_string(grads[g][i]) + ", expected " +
+                             std::to_string(expected));
+            }
+        }
+    };
+    {
+        std::vector<std::vector<float>> grads;
+        for (std::size_t s : reducer_sizes) {
+            grads.emplace_back(s, 0.0f);
+        }
+        bucketed_reducer<C, unused_as_zero> reducer(comm);
+        reducer.set_bucket_sizes(4096, 65536);
+        for (auto& g : grads) {
+            reducer.add(g);
+        }
+        reducer.start();
+        for (int step = 0; step < 3; ++step) {
+            run(reducer, grads, step, true, true);
+            reducer.finish();
+            expect(grads, step, true, true, "unused_as_zero step " + std::to_string(step));
+        }
+    }
+    {
+        std::vector<std::vector<float>> grads;
+        for (std::size_t s : reducer_sizes) {
+            grads.emplace_back(s, 0.0f);
+        }
+        bucketed_reducer<C, unused_is_error> reducer(comm);
+        for (std::size_t g = 0; g < grads.size(); ++g) {
+            reducer.add(grads[g], "layer" + std::to_string(g) + ".weight");
+        }
+        reducer.start();
+        run(reducer, grads, 0, true, false);
+        bool threw = false;
+        try {
+            reducer.finish();
+        } catch (const argument_error& e) {
+            threw = true;
+            o.expect(std::string(e.what()).find("'layer2.weight'") != std::string::npos,
+                     std::string("the error does not name the parameter: ") + e.what());
+        }
+        o.expect(threw == (rank == 0), "unused_is_error threw on the wrong ranks");
+        expect(grads, 0, true, false, "unused_is_error (reductions completed before the error)");
+        run(reducer, grads, 1, false, false); // the next full step works on every rank
+        reducer.finish();
+        expect(grads, 1, false, false, "unused_is_error, step after the error");
+    }
+    UNISON_CHECK_CASE(comm, "unused parameters", o);
+}
+
+/// join: rank r has data for 2 + r steps; every rank keeps stepping until the last
+/// one is done, and the average is over the ranks that had data.
+template <communicator C>
+void reducer_join_case(C& comm, std::uint64_t seed = 41) {
+    const int n = comm.size();
+    const int rank = comm.rank();
+    std::vector<std::vector<float>> grads;
+    for (std::size_t s : reducer_sizes) {
+        grads.emplace_back(s, 0.0f);
+    }
+    bucketed_reducer<C> reducer(comm);
+    reducer.set_bucket_sizes(4096, 65536);
+    for (auto& g : grads) {
+        reducer.add(g);
+    }
+    reducer.start();
+    join j(reducer);
+    outcome o;
+    int step = 0;
+    while (j.next(step < 2 + rank)) {
+        if (j.has_data()) {
+            for (std::size_t g = grads.size(); g-- > 0;) {
+                for (std::size_t i = 0; i < grads[g].size(); ++i) {
+                    grads[g][i] = static_cast<float>(grad_value(seed, step, rank, g, i));
+                }
+                reducer.mark_ready(g);
+            }
+        }
+        reducer.finish();
+        const int active = std::min(n, std::max(0, n - (step - 1)));
+        o.expect(j.active_ranks() == active,
+                 "step " + std::to_string(step) + ": " + std::to_string(j.active_ranks()) +
+                     " active ranks, expected " + std::to_string(active));
+        for (std::size_t g = 0; g < grads.size(); ++g) {
+            for (std::size_t i = 0; i < grads[g].size(); i += 7) {
+                double expected = 0.0;
+                for (int r = 0; r < n; ++r) {
+                    expected += step < 2 + r ? grad_value(seed, step, r, g, i) : 0.0;
+                }
+                expected /= active;
+                o.expect(std::abs(grads[g][i] - expected) <= 4e-7 * n,
+                         "join step " + std::to_string(step) + " gradient " + std::to_string(g) +
+                             " = " + std::to_string(grads[g][i]) + ", expected " +
+                             std::to_string(expected));
+            }
+        }
+        ++step;
+    }
+    o.expect(step == 1 + n,
+             "join ran " + std::to_string(step) + " steps, expected " + std::to_string(1 + n));
+    UNISON_CHECK_CASE(comm, "join", o);
+}
+
+/// Misuse is an argument_error naming what was wrong; a registration that differs
+/// across ranks is a mismatch_error on every rank.
+template <communicator C>
+void reducer_error_cases(C& comm) {
+    using namespace unison::policy;
+    std::vector<float> a(10, 1.0f), b(20, 1.0f);
+    {
+        bucketed_reducer<C> r(comm);
+        r.add(a, "a");
+        CHECK_THROWS_WITH_AS(r.mark_ready(0), doctest::Contains("start()"), argument_error);
+        r.start();
+        CHECK_THROWS_WITH_AS(r.mark_ready(5), doctest::Contains("out of range"), argument_error);
+        r.mark_ready(0);
+        CHECK_THROWS_WITH_AS(r.mark_ready(0), doctest::Contains("'a' marked ready twice"),
+                             argument_error);
+        r.finish();
+        CHECK_THROWS_WITH_AS(r.rebind(0, b), doctest::Contains("'a' rebound to 20"),
+                             argument_error);
+    }
+    {
+        bucketed_reducer<C, gradients_in_buckets, reduce_dtype<dtype::bf16>> r(comm);
+        CHECK_THROWS_WITH_AS(r.add(a, "w"), doctest::Contains("gradients_in_buckets"),
+                             argument_error);
+    }
+    {
+        std::vector<int> ints(4, 1);
+        bucketed_reducer<C> r(comm);
+        CHECK_THROWS_WITH_AS(r.add(ints, "counts"), doctest::Contains("'counts' has dtype int32"),
+                             argument_error);
+    }
+    if (comm.size() > 1) {
+        bucketed_reducer<C> r(comm);
+        r.add(a, "a");
+        if (comm.rank() == 1) {
+            r.add(b, "b"); // rank 1's model has one more parameter
+        }
+        CHECK_THROWS_AS(r.start(), mismatch_error);
+        // The check was one completed collective: the communicator is still usable.
+        std::vector<float> x(3, 1.0f);
+        all_reduce(comm, x);
+        CHECK(x[0] == static_cast<float>(comm.size()));
+    }
+}
+
+} // namespace unison::test

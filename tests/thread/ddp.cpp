@@ -1,0 +1,40 @@
+// The DDP cases of tests/ddp on the thread backend, at 1 to 4 ranks.
+
+#include "../ddp/cases.hpp"
+#include "../ddp/training.hpp"
+
+#include <unison/thread.hpp>
+
+namespace {
+
+template <class Fn>
+void on_worlds(Fn fn, int from = 1) {
+    for (int ranks = from; ranks <= 4; ++ranks) {
+        CAPTURE(ranks);
+        unison::thread_world(ranks).run([&](unison::thread_communicator& comm) { fn(comm); });
+    }
+}
+
+} // namespace
+
+TEST_CASE("thread ddp: every policy averages like the double reference") {
+    on_worlds([](auto& comm) { unison::test::reducer_policy_cases(comm); });
+}
+TEST_CASE("thread ddp: gradient accumulation communicates once per window") {
+    on_worlds([](auto& comm) { unison::test::reducer_accumulation_case(comm); });
+}
+TEST_CASE("thread ddp: unused parameters") {
+    on_worlds([](auto& comm) { unison::test::reducer_unused_cases(comm); });
+}
+TEST_CASE("thread ddp: join with uneven inputs") {
+    on_worlds([](auto& comm) { unison::test::reducer_join_case(comm); });
+}
+TEST_CASE("thread ddp: misuse is reported") {
+    on_worlds([](auto& comm) { unison::test::reducer_error_cases(comm); });
+}
+TEST_CASE("thread ddp: training equals single-process training") {
+    on_worlds([](auto& comm) { unison::test::ddp_training_cases(comm); });
+}
+TEST_CASE("thread ddp: loss normalization with uneven counts") {
+    on_worlds([](auto& comm) { unison::test::loss_normalization_cases(comm); });
+}
