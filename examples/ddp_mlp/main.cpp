@@ -71,21 +71,21 @@ int train(C& comm, const settings& s) {
     std::vector<double> loss_and_right(2);
     double first_loss = 0.0, last_loss = 0.0;
     if (rank == 0) {
-        std::printf("ddp_mlp: %zu ranks, %zu parameters, global batch %zu (%zu per rank)\n",
-                    ranks, model.parameter_count(), s.batch, shard);
+        std::printf("ddp_mlp: %zu ranks, %zu parameters, global batch %zu (%zu per rank)\n", ranks,
+                    model.parameter_count(), s.batch, shard);
     }
     for (int step = 0; step < s.steps; ++step) {
         const auto start = std::chrono::steady_clock::now();
-        const std::size_t begin = (static_cast<std::size_t>(step) * s.batch) % samples +
-                                  rank * shard;
+        const std::size_t begin =
+            (static_cast<std::size_t>(step) * s.batch) % samples + rank * shard;
         const auto batch = nn::slice(data, begin, begin + shard);
 
         model.zero_grad();
         const auto logits = model.forward(batch.x);
         // Each rank's loss is the mean over its shard; DDP averages over ranks, so the
         // gradient is that of the mean over the global batch.
-        const auto loss =
-            nn::softmax_cross_entropy<float>(logits, batch.labels, 1.0f / static_cast<float>(shard));
+        const auto loss = nn::softmax_cross_entropy<float>(logits, batch.labels,
+                                                           1.0f / static_cast<float>(shard));
         model.backward(loss.dlogits); // hooks call dp.mark_ready as gradients finish
         dp.finish();                  // averaged gradients are in place
         optimizer.step();
