@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace unison::test {
@@ -31,6 +32,14 @@ struct outcome {
     void expect(bool ok, const std::string& what) {
         if (!ok && first.empty()) {
             first = what;
+        }
+    }
+    /// For checks inside element loops: the message is built only on failure.
+    template <class F>
+    requires std::is_invocable_r_v<std::string, F>
+    void expect(bool ok, F&& what) {
+        if (!ok && first.empty()) {
+            first = what();
         }
     }
 };

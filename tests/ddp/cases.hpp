@@ -141,10 +141,11 @@ void reducer_average_case(C& comm, double tol, expect_kind kind, bool in_buckets
                     expected /= n;
                 }
                 const double got = read(g, i);
-                o.expect(std::abs(got - expected) <= tol,
-                         name + ": step " + std::to_string(step) + " gradient " +
-                             std::to_string(g) + "[" + std::to_string(i) + "] = " +
-                             std::to_string(got) + ", expected " + std::to_string(expected));
+                o.expect(std::abs(got - expected) <= tol, [&] {
+                    return "step " + std::to_string(step) + " gradient " + std::to_string(g) + "[" +
+                           std::to_string(i) + "] = " + std::to_string(got) + ", expected " +
+                           std::to_string(expected);
+                });
             }
         }
         if (step == 0) {
@@ -274,10 +275,11 @@ void reducer_accumulation_case(C& comm, std::uint64_t seed = 21) {
                     expected += mine;
                 }
                 expected /= n;
-                o.expect(std::abs(grads[g][i] - expected) <= 3e-6 * n,
-                         "window " + std::to_string(window) + " gradient " + std::to_string(g) +
-                             "[" + std::to_string(i) + "] = " + std::to_string(grads[g][i]) +
-                             ", expected " + std::to_string(expected));
+                o.expect(std::abs(grads[g][i] - expected) <= 3e-6 * n, [&] {
+                    return "window " + std::to_string(window) + " gradient " + std::to_string(g) +
+                           "[" + std::to_string(i) + "] = " + std::to_string(grads[g][i]) +
+                           ", expected " + std::to_string(expected);
+                });
             }
         }
     }
@@ -313,10 +315,11 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
                     expected += used ? grad_value(seed, step, r, g, i) : 0.0;
                 }
                 expected /= n;
-                o.expect(std::abs(grads[g][i] - expected) <= 4e-7 * n,
-                         what + ": gradient " + std::to_string(g) + "[" + std::to_string(i) +
-                             "] = " + std::to_string(grads[g][i]) + ", expected " +
-                             std::to_string(expected));
+                o.expect(std::abs(grads[g][i] - expected) <= 4e-7 * n, [&] {
+                    return what + ": gradient " + std::to_string(g) + "[" + std::to_string(i) +
+                           "] = " + std::to_string(grads[g][i]) + ", expected " +
+                           std::to_string(expected);
+                });
             }
         }
     };
@@ -405,10 +408,11 @@ void reducer_join_case(C& comm, std::uint64_t seed = 41) {
                     expected += step < 2 + r ? grad_value(seed, step, r, g, i) : 0.0;
                 }
                 expected /= active;
-                o.expect(std::abs(grads[g][i] - expected) <= 4e-7 * n,
-                         "join step " + std::to_string(step) + " gradient " + std::to_string(g) +
-                             " = " + std::to_string(grads[g][i]) + ", expected " +
-                             std::to_string(expected));
+                o.expect(std::abs(grads[g][i] - expected) <= 4e-7 * n, [&] {
+                    return "join step " + std::to_string(step) + " gradient " + std::to_string(g) +
+                           " = " + std::to_string(grads[g][i]) + ", expected " +
+                           std::to_string(expected);
+                });
             }
         }
         ++step;
