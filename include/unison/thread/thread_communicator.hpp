@@ -208,6 +208,12 @@ private:
 
     void arrive(operation op, std::uint64_t seq) {
         const std::uint64_t phase = group->barrier.next_phase();
+        // Once the world has failed, arrive nowhere: a rank stopped in an earlier
+        // phase left its arrival counted there, so a fresh arrival could complete
+        // that phase with a rank missing and read its stale slot.
+        if (group->world->aborted.load(std::memory_order_acquire)) {
+            throw_stopped(op, seq, phase);
+        }
         const auto deadline = clock::now() + options.timeout;
         const wait_result r =
             group->barrier.arrive_and_wait(rank, deadline, [&] { return stop_requested(phase); });
