@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(cmake g++ make git pkg-config clang-format
-          openmpi-bin libopenmpi-dev doctest-dev libbenchmark-dev libeigen3-dev)
+          openmpi-bin libopenmpi-dev doctest-dev libbenchmark-dev libeigen3-dev
+          libtorch-dev python3-torch)
 
 missing=()
 for p in "${packages[@]}"; do
