@@ -22,6 +22,7 @@
 
 #include "unison/comm/collectives.hpp"
 #include "unison/comm/communicator.hpp"
+#include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/convert.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/tensor.hpp"
@@ -97,25 +98,6 @@ struct ddp_config {
                                           policy::category::comm_hook, Ps...>::type;
     using gradient_memory =
         select_policy_t<policy::gradients_separate, policy::category::gradient_memory, Ps...>;
-};
-
-/// 64-byte aligned storage for a bucket.
-class aligned_bytes {
-public:
-    aligned_bytes() = default;
-    explicit aligned_bytes(std::size_t bytes)
-        : data_(bytes == 0
-                    ? nullptr
-                    : static_cast<std::byte*>(::operator new (bytes, std::align_val_t{64}))) {}
-    std::byte* data() const noexcept { return data_.get(); }
-
-private:
-    struct release {
-        void operator()(std::byte* p) const noexcept {
-            ::operator delete (p, std::align_val_t{64});
-        }
-    };
-    std::unique_ptr<std::byte, release> data_;
 };
 
 } // namespace detail
