@@ -215,8 +215,8 @@ TEST_CASE("nn: bind_grad makes backward write into external storage") {
 TEST_CASE("nn: sgd with momentum and weight decay follows the formula") {
     const double lr = 0.1, momentum = 0.9, wd = 0.01;
     nn::parameter<double> p("p", 3);
-    p.value = {0.5, -1.25, 2.0};
-    std::vector<double> value = p.value, buf(3, 0.0);
+    p.own_value = {0.5, -1.25, 2.0};
+    std::vector<double> value = p.own_value, buf(3, 0.0);
 
     nn::sgd<double> opt({&p}, lr, momentum, wd);
     const std::vector<std::vector<double>> grads = {{0.3, -0.7, 1.1}, {-0.2, 0.4, 0.05}};
@@ -235,7 +235,7 @@ TEST_CASE("nn: sgd with momentum and weight decay follows the formula") {
 
     // plain SGD
     nn::parameter<double> q("q", 1);
-    q.value = {1.0};
+    q.own_value = {1.0};
     q.grad[0] = 2.0;
     nn::sgd<double> plain({&q}, 0.25);
     plain.step();
@@ -245,8 +245,8 @@ TEST_CASE("nn: sgd with momentum and weight decay follows the formula") {
 TEST_CASE("nn: adamw follows the formula over two steps") {
     const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
     nn::parameter<double> p("p", 4);
-    p.value = {0.5, -1.25, 2.0, 0.0};
-    std::vector<double> value = p.value, m(4, 0.0), v(4, 0.0);
+    p.own_value = {0.5, -1.25, 2.0, 0.0};
+    std::vector<double> value = p.own_value, m(4, 0.0), v(4, 0.0);
 
     nn::adamw<double> opt({&p}, lr, b1, b2, eps, wd);
     const std::vector<std::vector<double>> grads = {{0.3, -0.7, 1.1, 0.0}, {-0.2, 0.4, 0.05, 1e-3}};
@@ -304,9 +304,9 @@ TEST_CASE("nn: data and initialisation are deterministic") {
     CHECK_THROWS_AS(nn::slice(a, 40, 51), std::out_of_range);
 
     nn::mlp<double> m1({6, 5, 4}, 42), m2({6, 5, 4}, 42), m3({6, 5, 4}, 43);
-    CHECK(m1.parameters()[0]->value == m2.parameters()[0]->value);
-    CHECK(m1.parameters()[0]->value != m3.parameters()[0]->value);
-    CHECK(m1.parameters()[0]->value != m1.parameters()[2]->value);
+    CHECK(m1.parameters()[0]->own_value == m2.parameters()[0]->own_value);
+    CHECK(m1.parameters()[0]->own_value != m3.parameters()[0]->own_value);
+    CHECK(m1.parameters()[0]->own_value != m1.parameters()[2]->own_value);
     const double bound = 1 / std::sqrt(6.0);
     for (double w : m1.parameters()[0]->value)
         CHECK((w >= -bound && w < bound));

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -34,6 +35,10 @@ template <class T>
 class mlp {
 public:
     grad_hook<T> on_grad_ready;
+    /// Called with linear layer k's index right before and after its forward and its
+    /// backward (a sharding wrapper's pre and post hooks: gather the layer's
+    /// parameters before, release them after). Unset hooks are skipped.
+    std::function<void(std::size_t)> before_forward, after_forward, before_backward, after_backward;
 
     mlp(const std::vector<std::size_t>& widths, std::uint64_t seed, bool with_unused_head = false)
         : widths_(widths) {
@@ -55,9 +60,13 @@ public:
 
     /// x [batch x widths.front()] -> logits [batch x widths.back()].
     matrix<T> forward(const matrix<T>& x) {
-        matrix<T> h = layers_[0]->forward(x);
-        for (std::size_t k = 1; k < layers_.size(); ++k) {
-            h = layers_[k]->forward(relus_[k - 1].forward(h));
+        matrix<T> h = x;
+        for (std::size_t k = 0; k < layers_.size(); ++k) {
+            if (k > 0)
+                h = relus_[k - 1].forward(h);
+            call(before_forward, k);
+            h = layers_[k]->forward(h);
+            call(after_forward, k);
         }
         return h;
     }
@@ -67,7 +76,9 @@ public:
     void backward(const matrix<T>& dlogits) {
         matrix<T> d = dlogits;
         for (std::size_t k = layers_.size(); k-- > 0;) {
+            call(before_backward, k);
             d = layers_[k]->backward(d, on_grad_ready, /*need_input_grad=*/k > 0);
+            call(after_backward, k);
             if (k > 0)
                 d = relus_[k - 1].backward(d);
         }
@@ -89,6 +100,13 @@ public:
         return out;
     }
 
+    /// The number of linear layers (the unused head not counted).
+    std::size_t layer_count() const { return layers_.size(); }
+    /// Linear layer k's parameters: weight, bias.
+    std::vector<parameter<T>*> layer_parameters(std::size_t k) {
+        return {&layers_.at(k)->weight, &layers_.at(k)->bias};
+    }
+
     /// Sets every parameter's grad (its own storage or the bound one) to zero.
     void zero_grad() {
         for (parameter<T>* p : parameters())
@@ -106,6 +124,11 @@ public:
     }
 
 private:
+    static void call(const std::function<void(std::size_t)>& hook, std::size_t k) {
+        if (hook)
+            hook(k);
+    }
+
     std::vector<std::size_t> widths_;
     std::vector<std::unique_ptr<linear<T>>> layers_;
     std::vector<relu<T>> relus_;
