@@ -6,6 +6,7 @@
 #include "unison/comm/collective.hpp"
 #include "unison/comm/collectives.hpp"
 #include "unison/comm/communicator.hpp"
+#include "unison/comm/counting_communicator.hpp"
 #include "unison/comm/launcher.hpp"
 #include "unison/comm/options.hpp"
 #include "unison/core.hpp"

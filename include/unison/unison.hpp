@@ -8,6 +8,7 @@
 #include "unison/comm.hpp"
 #include "unison/core.hpp"
 #include "unison/ddp.hpp"
+#include "unison/sharded.hpp"
 #include "unison/thread.hpp"
 
 #if UNISON_HAS_MPI()

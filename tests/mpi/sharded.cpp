@@ -1,0 +1,16 @@
+// The sharded (FSDP / ZeRO) cases of tests/sharded on the MPI backend.
+
+#include "../sharded/training.hpp"
+
+#include <unison/mpi.hpp>
+
+namespace {
+unison::mpi_communicator world() {
+    return unison::mpi_communicator(MPI_COMM_WORLD);
+}
+} // namespace
+
+TEST_CASE("mpi sharded: ZeRO and FSDP training equal DDP and single-process training") {
+    auto comm = world();
+    unison::test::sharded_training_cases(comm);
+}

@@ -1,0 +1,293 @@
+#pragma once
+
+// Sharded training equals DDP and single-process training. Each rank trains the
+// example framework's MLP (examples/common/nn) with its parameters and gradients
+// held by a sharded_parameters (one unit per linear layer) and updated by a
+// partitioned_optimizer; next to it the same rank trains the model under
+// unison::ddp and, by itself, a single-process reference on the whole batch. After
+// every step the full parameters are compared with both.
+
+#include "../ddp/training.hpp"
+
+#include <unison/sharded.hpp>
+
+#include <cmath>
+#include <limits>
+
+namespace unison::test {
+
+/// Connects an nn::mlp to a sharded_parameters: one unit per linear layer, the
+/// model's forward and backward hooks gather, bind, reduce and release.
+template <class T, class SP>
+class sharded_binding {
+public:
+    sharded_binding(nn::mlp<T>& model, SP& sp) : model_(&model), sp_(&sp) {
+        for (std::size_t k = 0; k < model.layer_count(); ++k) {
+            const auto ps = model.layer_parameters(k);
+            const std::size_t u =
+                sp.add_unit({{ps[0]->name, ps[0]->size()}, {ps[1]->name, ps[1]->size()}});
+            const std::size_t first = sp.parameters_of(u).first;
+            for (std::size_t j = 0; j < ps.size(); ++j) {
+                sp.set_parameter(first + j, ps[j]->own_value);
+            }
+        }
+        model.before_forward = [this](std::size_t k) {
+            sp_->gather(k, pass::forward);
+            bind(k, false);
+        };
+        model.after_forward = [this](std::size_t k) { sp_->release(k, pass::forward); };
+        model.before_backward = [this](std::size_t k) {
+            sp_->gather(k, pass::backward);
+            bind(k, true);
+        };
+        model.after_backward = [this](std::size_t k) {
+            if (poison_ && k == 0) {
+                model_->layer_parameters(0)[0]->grad[0] = std::numeric_limits<T>::quiet_NaN();
+                poison_ = false;
+            }
+            sp_->reduce_gradients(k);
+            sp_->release(k, pass::backward);
+        };
+    }
+
+    /// The next backward writes a NaN into this rank's first gradient element.
+    void poison_next_backward() { poison_ = true; }
+
+    /// Every parameter's full values, in model.parameters() order. Collective at
+    /// stage 3 (gathers each unit in forward order, prefetching, and frees it).
+    std::vector<std::vector<T>> snapshot() {
+        std::vector<std::vector<T>> out;
+        for (std::size_t k = 0; k < sp_->unit_count(); ++k) {
+            sp_->gather(k, pass::forward);
+            const auto [first, last] = sp_->parameters_of(k);
+            for (std::size_t id = first; id < last; ++id) {
+                const auto v = sp_->template parameter<T>(id);
+                out.emplace_back(v.data, v.data + v.size);
+            }
+            sp_->release(k, pass::backward);
+        }
+        return out;
+    }
+
+private:
+    void bind(std::size_t k, bool grads) {
+        const auto ps = model_->layer_parameters(k);
+        const std::size_t first = sp_->parameters_of(k).first;
+        for (std::size_t j = 0; j < ps.size(); ++j) {
+            const auto v = sp_->template parameter<T>(first + j);
+            ps[j]->bind_value(std::span<T>(v.data, v.size));
+            if (grads) {
+                const auto g = sp_->template gradient<T>(first + j);
+                ps[j]->bind_grad(std::span<T>(g.data, g.size));
+            }
+        }
+    }
+
+    nn::mlp<T>* model_;
+    SP* sp_;
+    bool poison_ = false;
+};
+
+inline optim::sgd sgd_hyper() {
+    return {0.1, 0.9, 1e-3};
+}
+inline optim::adamw adamw_hyper() {
+    return {1e-2, 0.9, 0.999, 1e-8, 1e-2};
+}
+
+/// The shard group size a hybrid case uses at this world size: two groups where the
+/// ranks split evenly, one group otherwise.
+inline int hybrid_group(int ranks) {
+    return ranks % 2 == 0 && ranks > 1 ? ranks / 2 : ranks;
+}
+
+struct sharded_case_options {
+    double max_grad_norm = 0.0;
+    int poison_step = -1; ///< a step in which one rank's gradient holds a NaN
+};
+
+/// Sharded training with `Policies` vs DDP vs single-process training, for
+/// `training_steps` steps; `tol` bounds every parameter's relative error after every
+/// step. With a poisoned step, every rank must skip it bit for bit (and the
+/// references skip it too); with clipping, the references clip to the global norm.
+template <class T, class... Policies, communicator C>
+void sharded_equivalence_case(C& comm, optimizer_kind kind, double tol, const std::string& name,
+                              sharded_case_options opts = {}) {
+    using sp_type = sharded_parameters<C, Policies...>;
+    const auto n = static_cast<std::size_t>(comm.size());
+    const auto rank = static_cast<std::size_t>(comm.rank());
+    const auto data = nn::make_classification<T>(global_batch * training_steps, mlp_widths.front(),
+                                                 mlp_widths.back(), 5);
+
+    nn::mlp<T> model(mlp_widths, 100);
+    nn::mlp<T> ddp_model(mlp_widths, 100 + rank); // ddp start() broadcasts rank 0's
+    nn::mlp<T> reference(mlp_widths, 100);
+
+    sp_type sp(comm, hybrid_group(comm.size()));
+    sharded_binding<T, sp_type> binding(model, sp);
+    sp.start();
+    step_options so;
+    so.max_grad_norm = opts.max_grad_norm;
+    std::optional<partitioned_optimizer<sp_type, optim::sgd>> sgd_opt;
+    std::optional<partitioned_optimizer<sp_type, optim::adamw>> adamw_opt;
+    if (kind == optimizer_kind::sgd_momentum) {
+        sgd_opt.emplace(sp, sgd_hyper(), so);
+    } else {
+        adamw_opt.emplace(sp, adamw_hyper(), so);
+    }
+
+    using ddp_type = ddp<C>;
+    ddp_type dp(comm);
+    ddp_binding<T, ddp_type> ddp_bind(ddp_model, dp);
+    dp.start();
+    optimizer<T> ddp_opt(kind, ddp_model.parameters());
+    optimizer<T> ref_opt(kind, reference.parameters());
+
+    // Clip like torch.nn.utils.clip_grad_norm_, on the full gradients.
+    auto clip = [&](nn::mlp<T>& m) {
+        if (opts.max_grad_norm <= 0.0) {
+            return 0.0;
+        }
+        double sq = 0.0;
+        for (nn::parameter<T>* p : m.parameters()) {
+            for (T g : p->grad) {
+                sq += static_cast<double>(g) * static_cast<double>(g);
+            }
+        }
+        const double norm = std::sqrt(sq);
+        const double coef = opts.max_grad_norm / (norm + 1e-6);
+        if (coef < 1.0) {
+            for (nn::parameter<T>* p : m.parameters()) {
+                for (T& g : p->grad) {
+                    g = static_cast<T>(static_cast<double>(g) * coef);
+                }
+            }
+        }
+        return norm;
+    };
+
+    const std::size_t shard = global_batch / n;
+    outcome o;
+    for (int step = 0; step < training_steps; ++step) {
+        const std::size_t base = static_cast<std::size_t>(step) * global_batch;
+        const auto mine = nn::slice(data, base + rank * shard, base + (rank + 1) * shard);
+        const bool poisoned = step == opts.poison_step;
+
+        sp.zero_grad();
+        if (poisoned && rank == static_cast<std::size_t>(step) % n) {
+            binding.poison_next_backward();
+        }
+        const auto loss = nn::softmax_cross_entropy<T>(model.forward(mine.x), mine.labels,
+                                                       T(1) / static_cast<T>(shard));
+        model.backward(loss.dlogits);
+        std::vector<std::vector<T>> before;
+        if (poisoned) {
+            before = binding.snapshot();
+        }
+        const step_result r = sgd_opt ? sgd_opt->step() : adamw_opt->step();
+        const std::uint64_t steps = sgd_opt ? sgd_opt->steps() : adamw_opt->steps();
+        if (poisoned) {
+            o.expect(r.skipped,
+                     "step " + std::to_string(step) + ": a NaN gradient was not skipped");
+            o.expect(binding.snapshot() == before,
+                     "step " + std::to_string(step) + ": a skipped step changed the parameters");
+        } else {
+            o.expect(!r.skipped, "step " + std::to_string(step) + " skipped without a NaN");
+        }
+
+        // DDP and the single-process reference (both skip the poisoned step).
+        ddp_model.zero_grad();
+        const auto ddp_loss = nn::softmax_cross_entropy<T>(ddp_model.forward(mine.x), mine.labels,
+                                                           T(1) / static_cast<T>(shard));
+        ddp_model.backward(ddp_loss.dlogits);
+        dp.finish();
+        reference.zero_grad();
+        const auto whole = nn::slice(data, base, base + global_batch);
+        const auto ref_loss = nn::softmax_cross_entropy<T>(reference.forward(whole.x), whole.labels,
+                                                           T(1) / static_cast<T>(global_batch));
+        reference.backward(ref_loss.dlogits);
+        if (!poisoned) {
+            clip(ddp_model);
+            const double norm = clip(reference);
+            if (opts.max_grad_norm > 0.0) {
+                o.expect(std::abs(r.grad_norm - norm) <= 1e-5 * norm,
+                         "step " + std::to_string(step) + ": global gradient norm " +
+                             std::to_string(r.grad_norm) + ", reference " + std::to_string(norm));
+            }
+            ddp_opt.step();
+            ref_opt.step();
+        }
+        const std::uint64_t expected_steps =
+            static_cast<std::uint64_t>(step + 1) -
+            (opts.poison_step >= 0 && step >= opts.poison_step ? 1 : 0);
+        o.expect(steps == expected_steps, "step counter " + std::to_string(steps) + ", expected " +
+                                              std::to_string(expected_steps));
+
+        const auto got = binding.snapshot();
+        const auto ddp_params = ddp_model.parameters();
+        const auto ref_params = reference.parameters();
+        for (std::size_t p = 0; p < got.size(); ++p) {
+            const double err = relative_error<T>(got[p], ref_params[p]->value);
+            o.expect(err <= tol, [&] {
+                return "step " + std::to_string(step) + " parameter " + ref_params[p]->name +
+                       " relative error " + std::to_string(err) + " against single-process";
+            });
+            const double ddp_err = relative_error<T>(got[p], ddp_params[p]->value);
+            o.expect(ddp_err <= tol, [&] {
+                return "step " + std::to_string(step) + " parameter " + ref_params[p]->name +
+                       " relative error " + std::to_string(ddp_err) + " against DDP";
+            });
+        }
+    }
+    const memory_report m = sp.memory();
+    if constexpr (sp_type::stage == 3) {
+        const int limit = sp_type::config::live_limit;
+        o.expect(limit == 0 || m.live_units_peak <= limit,
+                 "peak of " + std::to_string(m.live_units_peak) + " live units over the limit " +
+                     std::to_string(limit));
+        o.expect(m.gathered_now == 0, "gathered memory left after the steps: " +
+                                          std::to_string(m.gathered_now) + " bytes");
+    }
+    UNISON_CHECK_CASE(comm, name, o);
+}
+
+template <communicator C>
+void sharded_training_cases(C& comm) {
+    using namespace unison::policy;
+    constexpr auto sgd = optimizer_kind::sgd_momentum;
+    constexpr auto adamw = optimizer_kind::adamw;
+    sharded_equivalence_case<float, zero<0>>(comm, sgd, 1e-6, "zero<0> SGD");
+    sharded_equivalence_case<float, zero<1>>(comm, adamw, 1e-6, "zero<1> AdamW");
+    sharded_equivalence_case<float, zero<1>>(comm, sgd, 1e-6, "zero<1> SGD");
+    sharded_equivalence_case<float, zero<2>>(comm, adamw, 1e-6, "zero<2> AdamW");
+    sharded_equivalence_case<float, zero<2>>(comm, sgd, 1e-6, "zero<2> SGD");
+    sharded_equivalence_case<float, zero<3>>(comm, adamw, 1e-6, "zero<3> AdamW");
+    sharded_equivalence_case<float, zero<3>>(comm, sgd, 1e-6, "zero<3> SGD");
+    sharded_equivalence_case<float, fsdp<shard::full>>(comm, adamw, 1e-6, "fsdp<full> AdamW");
+    sharded_equivalence_case<float, fsdp<shard::grad_op>>(comm, adamw, 1e-6, "fsdp<grad_op> AdamW");
+    sharded_equivalence_case<float, fsdp<shard::none>>(comm, adamw, 1e-6, "fsdp<none> AdamW");
+    sharded_equivalence_case<float, fsdp<shard::hybrid>>(comm, adamw, 1e-6, "fsdp<hybrid> AdamW");
+    sharded_equivalence_case<float, fsdp<shard::hybrid>>(comm, sgd, 1e-6, "fsdp<hybrid> SGD");
+    sharded_equivalence_case<float, fsdp<shard::full>, prefetch<2>, max_live_units<2>>(
+        comm, adamw, 1e-6, "fsdp<full> prefetch<2> max_live_units<2>");
+    sharded_equivalence_case<float, zero<3>, prefetch<0>, reshard_after_forward<false>>(
+        comm, sgd, 1e-6, "zero<3> no prefetch, no reshard after forward");
+    sharded_equivalence_case<double, zero<3>, mixed_precision<dtype::f64>>(comm, adamw, 1e-13,
+                                                                           "zero<3> f64 AdamW");
+    // f64 master weights for f32 parameters: the optimizer runs in double and rounds
+    // into the f32 parameters, so it drifts from the all-f32 references by rounding.
+    sharded_equivalence_case<float, zero<2>, mixed_precision<dtype::f32, dtype::f32, dtype::f64>>(
+        comm, adamw, 1e-5, "zero<2> f64 master weights");
+    sharded_equivalence_case<float, zero<3>>(comm, sgd, 1e-6, "zero<3> clipped to norm 0.5",
+                                             {0.5, -1});
+    sharded_equivalence_case<float, zero<1>>(comm, adamw, 1e-6, "zero<1> clipped to norm 0.5",
+                                             {0.5, -1});
+    sharded_equivalence_case<float, zero<3>>(comm, adamw, 1e-6, "zero<3> NaN at step 7 skipped",
+                                             {0.0, 7});
+    sharded_equivalence_case<float, zero<2>>(comm, sgd, 1e-6, "zero<2> NaN at step 3 skipped",
+                                             {0.0, 3});
+    sharded_equivalence_case<float, zero<0>>(comm, adamw, 1e-6, "zero<0> NaN at step 5 skipped",
+                                             {0.0, 5});
+}
+
+} // namespace unison::test
