@@ -1,5 +1,6 @@
 // The sharded (FSDP / ZeRO) cases of tests/sharded on the MPI backend.
 
+#include "../sharded/accounting.hpp"
 #include "../sharded/training.hpp"
 
 #include <unison/mpi.hpp>
@@ -13,4 +14,8 @@ unison::mpi_communicator world() {
 TEST_CASE("mpi sharded: ZeRO and FSDP training equal DDP and single-process training") {
     auto comm = world();
     unison::test::sharded_training_cases(comm);
+}
+TEST_CASE("mpi sharded: memory and traffic formulas, mixed precision, loss scaling") {
+    auto comm = world();
+    unison::test::sharded_accounting_cases(comm);
 }

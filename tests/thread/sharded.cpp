@@ -1,5 +1,6 @@
 // The sharded (FSDP / ZeRO) cases of tests/sharded on the thread backend, at 1 to 4 ranks.
 
+#include "../sharded/accounting.hpp"
 #include "../sharded/training.hpp"
 
 #include <unison/thread.hpp>
@@ -18,4 +19,7 @@ void on_worlds(Fn fn, int from = 1) {
 
 TEST_CASE("thread sharded: ZeRO and FSDP training equal DDP and single-process training") {
     on_worlds([](auto& comm) { unison::test::sharded_training_cases(comm); });
+}
+TEST_CASE("thread sharded: memory and traffic formulas, mixed precision, loss scaling") {
+    on_worlds([](auto& comm) { unison::test::sharded_accounting_cases(comm); });
 }

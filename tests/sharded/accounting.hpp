@@ -1,0 +1,331 @@
+#pragma once
+
+// What sharding costs and saves, and the gradient checks, on synthetic units:
+//   - per-rank model-state memory follows the ZeRO paper's formulas for
+//     mixed-precision Adam, and per-step traffic (counted by counting_communicator)
+//     is 2 Psi (N-1)/N elements for DDP and stages 1-2 and 3 Psi (N-1)/N for stage 3;
+//   - bf16 parameters with f32 master weights: the master follows a double AdamW
+//     reference and the parameters are exactly the rounded master;
+//   - dynamic loss scaling: the scale follows the growth/backoff rules, a step with an
+//     inf on one rank is skipped on all of them bit for bit (parameters, master
+//     weights, optimizer state, counter), and the scaled run equals an unscaled run
+//     that never took the bad step, bit for bit.
+
+#include "../collectives/cases.hpp"
+
+#include <unison/comm/counting_communicator.hpp>
+#include <unison/sharded.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace unison::test {
+
+/// Units of the synthetic model: sizes divisible by 12, so no padding at 1-4 ranks
+/// and the formulas hold exactly.
+inline const std::vector<std::vector<parameter_spec>> accounting_units = {
+    {{"embed", 1200}, {"embed.bias", 240}},
+    {{"block.w", 3600}},
+    {{"head.w", 120}, {"head.b", 12}, {"head.c", 108}},
+};
+
+/// A deterministic value in +-[0.01, 1) for (seed, rank, index): every rank can
+/// compute every other rank's gradients for the reference.
+inline double synthetic(std::uint64_t seed, int rank, std::size_t i) {
+    std::uint64_t z = seed * 0x9e3779b97f4a7c15ull +
+                      static_cast<std::uint64_t>(rank) * 0xbf58476d1ce4e5b9ull +
+                      i * 0x94d049bb133111ebull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const double u = static_cast<double>(z >> 11) * 0x1.0p-53; // [0, 1)
+    const double mag = 0.01 + 0.99 * std::abs(2.0 * u - 1.0);
+    return u < 0.5 ? -mag : mag;
+}
+
+template <class SP>
+void add_accounting_units(SP& sp) {
+    for (const auto& unit : accounting_units) {
+        const std::size_t u = sp.add_unit(std::span<const parameter_spec>(unit));
+        const auto [first, last] = sp.parameters_of(u);
+        for (std::size_t id = first; id < last; ++id) {
+            std::vector<float> v(sp.numel(id));
+            for (std::size_t i = 0; i < v.size(); ++i) {
+                v[i] = static_cast<float>(synthetic(7, 0, id * 10000 + i) * 0.5);
+            }
+            sp.set_parameter(id, v);
+        }
+    }
+}
+
+/// One training step on synthetic gradients: forward gathers, backward gathers,
+/// writes `scale` times this rank's gradients (with an inf where `poison`), reduces.
+/// `quantize` rounds the gradients to multiples of 2^-7, so that no sum of a few
+/// ranks' gradients, nor its average, is small enough to be subnormal in fp16 (where
+/// scaling by a power of two would stop being exact).
+template <class G, class SP>
+void synthetic_backward(SP& sp, std::uint64_t seed, double scale, bool poison = false,
+                        bool quantize = false) {
+    for (std::size_t u = 0; u < sp.unit_count(); ++u) {
+        sp.gather(u, pass::forward);
+        const auto [first, last] = sp.parameters_of(u);
+        for (std::size_t id = first; id < last; ++id) {
+            (void)sp.template parameter<G>(id); // what forward would read
+        }
+        sp.release(u, pass::forward);
+    }
+    const int rank = sp.communicator().rank();
+    for (std::size_t u = sp.unit_count(); u-- > 0;) {
+        sp.gather(u, pass::backward);
+        const auto [first, last] = sp.parameters_of(u);
+        for (std::size_t id = first; id < last; ++id) {
+            auto g = sp.template gradient<G>(id);
+            for (std::size_t i = 0; i < g.size; ++i) {
+                double x = synthetic(seed, rank, id * 10000 + i);
+                if (quantize) {
+                    x = std::round(x * 128.0) / 128.0;
+                }
+                g.data[i] = static_cast<G>(static_cast<float>(x * scale));
+            }
+            if (poison && id == first) {
+                g.data[g.size / 2] = static_cast<G>(std::numeric_limits<float>::infinity());
+            }
+        }
+        sp.reduce_gradients(u);
+        sp.release(u, pass::backward);
+    }
+}
+
+/// Memory and traffic of `Sharding` with bf16 parameters, f32 master weights and AdamW.
+template <class Sharding, communicator C>
+void accounting_case(C& comm, const std::string& name) {
+    using namespace unison::policy;
+    counting_communicator<C> counted(comm);
+    using sp_type = sharded_parameters<counting_communicator<C>, Sharding,
+                                       mixed_precision<dtype::bf16, dtype::bf16, dtype::f32>>;
+    sp_type sp(counted, comm.size());
+    add_accounting_units(sp);
+    sp.start();
+    step_options so;
+    so.skip_nonfinite = false; // just the model's traffic
+    partitioned_optimizer<sp_type, optim::adamw> opt(sp, optim::adamw{}, so);
+
+    const double psi = static_cast<double>(sp.numel());
+    const double n = comm.size();
+    const memory_report m = sp.memory();
+    const double got =
+        static_cast<double>(m.parameters + m.gradients + m.master + opt.state_bytes());
+    const int stage = sp_type::stage;
+    const double expected = stage == 0   ? 16 * psi
+                            : stage == 1 ? 4 * psi + 12 * psi / n
+                            : stage == 2 ? 2 * psi + 14 * psi / n
+                                         : 16 * psi / n;
+    outcome o;
+    o.expect(got == expected, "model-state memory " + std::to_string(got) + " bytes, formula " +
+                                  std::to_string(expected) + " (Psi = " + std::to_string(psi) +
+                                  ", N = " + std::to_string(comm.size()) + ")");
+
+    synthetic_backward<bf16>(sp, 1, 1.0);
+    opt.step();
+    counted.reset();
+    synthetic_backward<bf16>(sp, 2, 1.0);
+    opt.step();
+    const double moved = counted.of(operation::all_gather).ring_elements +
+                         counted.of(operation::reduce_scatter).ring_elements +
+                         counted.of(operation::all_reduce).ring_elements;
+    const double traffic = (stage == 3 ? 3.0 : 2.0) * psi * (n - 1) / n;
+    o.expect(std::abs(moved - traffic) <= 1e-9 * psi, "per-step traffic " + std::to_string(moved) +
+                                                          " elements per rank, formula " +
+                                                          std::to_string(traffic));
+    o.expect(counted.total().calls == counted.of(operation::all_gather).calls +
+                                          counted.of(operation::reduce_scatter).calls +
+                                          counted.of(operation::all_reduce).calls,
+             "a step used other collectives than all_gather, reduce_scatter and all_reduce");
+
+    // The gradient checks cost exactly one 2-element all-reduce more.
+    opt.options().skip_nonfinite = true;
+    counted.reset();
+    synthetic_backward<bf16>(sp, 3, 1.0);
+    opt.step();
+    const double with_checks = counted.of(operation::all_gather).ring_elements +
+                               counted.of(operation::reduce_scatter).ring_elements +
+                               counted.of(operation::all_reduce).ring_elements;
+    o.expect(std::abs(with_checks - traffic - 2.0 * 2.0 * (n - 1) / n) <= 1e-9 * psi,
+             "the gradient checks moved " + std::to_string(with_checks - traffic) +
+                 " elements, expected one 2-element all-reduce");
+    UNISON_CHECK_CASE(comm, name, o);
+}
+
+/// bf16 parameters, f32 reduction and master weights, AdamW: after 3 steps the master
+/// partition equals a double AdamW on the rounded averaged gradients (1e-5 relative)
+/// and the bf16 parameters are the rounded master exactly.
+template <class Sharding, communicator C>
+void mixed_precision_case(C& comm, const std::string& name) {
+    using namespace unison::policy;
+    using sp_type =
+        sharded_parameters<C, Sharding, mixed_precision<dtype::bf16, dtype::f32, dtype::f32>>;
+    sp_type sp(comm, comm.size());
+    add_accounting_units(sp);
+    sp.start();
+    const optim::adamw hyper{1e-2, 0.9, 0.999, 1e-8, 1e-2};
+    partitioned_optimizer<sp_type, optim::adamw> opt(sp, hyper);
+    const int n = comm.size();
+
+    // The reference: full master, m, v in double for every parameter.
+    std::vector<std::vector<double>> master, m, v;
+    for (std::size_t id = 0; id < sp.parameter_count(); ++id) {
+        std::vector<double> p(sp.numel(id));
+        for (std::size_t i = 0; i < p.size(); ++i) {
+            p[i] = static_cast<double>(static_cast<float>(synthetic(7, 0, id * 10000 + i) * 0.5));
+        }
+        master.push_back(p);
+        m.emplace_back(p.size(), 0.0);
+        v.emplace_back(p.size(), 0.0);
+    }
+    outcome o;
+    for (int step = 1; step <= 3; ++step) {
+        synthetic_backward<bf16>(sp, 10 + step, 1.0);
+        opt.step();
+        for (std::size_t id = 0; id < sp.parameter_count(); ++id) {
+            for (std::size_t i = 0; i < master[id].size(); ++i) {
+                // The gradient as the library sees it: bf16 per rank, summed in f32,
+                // averaged, rounded to bf16 for storage.
+                float sum = 0.0f;
+                for (int r = 0; r < n; ++r) {
+                    sum += static_cast<float>(
+                        bf16(static_cast<float>(synthetic(10 + step, r, id * 10000 + i))));
+                }
+                const double g = static_cast<float>(bf16(sum * static_cast<float>(1.0 / n)));
+                double& p = master[id][i];
+                p *= 1 - hyper.lr * hyper.weight_decay;
+                m[id][i] = hyper.beta1 * m[id][i] + (1 - hyper.beta1) * g;
+                v[id][i] = hyper.beta2 * v[id][i] + (1 - hyper.beta2) * g * g;
+                const double mhat = m[id][i] / (1 - std::pow(hyper.beta1, step));
+                const double vhat = v[id][i] / (1 - std::pow(hyper.beta2, step));
+                p -= hyper.lr * mhat / (std::sqrt(vhat) + hyper.eps);
+            }
+        }
+    }
+    for (std::size_t k = 0; k < sp.unit_count(); ++k) {
+        auto part = sp.partition_of(k);
+        const auto* mp = static_cast<const float*>(part.master);
+        const auto* pp = static_cast<const bf16*>(part.param);
+        const auto [first, last] = sp.parameters_of(k);
+        for (std::size_t id = first; id < last; ++id) {
+            const std::size_t off = sp.offset_of(id);
+            for (std::size_t i = 0; i < sp.numel(id); ++i) {
+                const std::size_t e = off + i;
+                if (e < part.range.begin || e >= part.range.end) {
+                    continue;
+                }
+                const float got = mp[e - part.range.begin];
+                const double want = master[id][i];
+                o.expect(std::abs(got - want) <= 1e-5 * std::max(1.0, std::abs(want)), [&] {
+                    return sp.name(id) + "[" + std::to_string(i) + "] master " +
+                           std::to_string(got) + ", double reference " + std::to_string(want);
+                });
+                const bf16 rounded(got);
+                o.expect(std::memcmp(&rounded, &pp[e - part.range.begin], sizeof(bf16)) == 0, [&] {
+                    return sp.name(id) + "[" + std::to_string(i) +
+                           "] bf16 parameter is not the rounded master";
+                });
+            }
+        }
+    }
+    UNISON_CHECK_CASE(comm, name, o);
+}
+
+/// Everything a step may change on this rank, as bytes.
+template <class Opt>
+std::vector<unsigned char> optimizer_bytes(Opt& opt) {
+    auto& sp = opt.parameters();
+    using sp_type = std::remove_reference_t<decltype(sp)>;
+    std::vector<unsigned char> out;
+    auto append = [&](const void* p, std::size_t bytes) {
+        const auto* b = static_cast<const unsigned char*>(p);
+        out.insert(out.end(), b, b + bytes);
+    };
+    for (std::size_t k = 0; k < sp.unit_count(); ++k) {
+        auto part = sp.partition_of(k);
+        const std::size_t count = part.range.size();
+        append(part.param, count * size_of(sp_type::param_dtype));
+        if (part.master != nullptr) {
+            append(part.master, count * size_of(sp_type::master_dtype));
+        }
+        for (std::size_t s = 0; s < Opt::optimizer_type::slots; ++s) {
+            append(opt.state(k, s), count * size_of(Opt::state_dtype));
+        }
+    }
+    const std::uint64_t steps = opt.steps();
+    append(&steps, sizeof steps);
+    return out;
+}
+
+/// fp16 parameters with dynamic loss scaling; step 2 has an inf on one rank.
+template <class Sharding, communicator C>
+void loss_scaling_case(C& comm, const std::string& name) {
+    using namespace unison::policy;
+    using sp_type =
+        sharded_parameters<C, Sharding, mixed_precision<dtype::f16, dtype::f16, dtype::f32>>;
+    sp_type scaled_sp(comm, comm.size()), plain_sp(comm, comm.size());
+    add_accounting_units(scaled_sp);
+    add_accounting_units(plain_sp);
+    scaled_sp.start();
+    plain_sp.start();
+    const optim::adam hyper{1e-3, 0.9, 0.999, 1e-8, 1e-4};
+    dynamic_loss_scale dls;
+    dls.initial_scale = 1024;
+    dls.growth_interval = 2;
+    partitioned_optimizer<sp_type, optim::adam> scaled(scaled_sp, hyper, {}, dls);
+    partitioned_optimizer<sp_type, optim::adam> plain(plain_sp, hyper);
+
+    const double scales[] = {1024, 1024, 2048, 1024, 1024, 2048};
+    const int bad_step = 2;
+    outcome o;
+    for (int step = 0; step < 6; ++step) {
+        const double s = scaled.loss_scale();
+        o.expect(s == scales[step], "step " + std::to_string(step) + ": loss scale " +
+                                        std::to_string(s) + ", expected " +
+                                        std::to_string(scales[step]));
+        const bool poison = step == bad_step && comm.rank() == (step % comm.size());
+        synthetic_backward<half>(scaled_sp, 20 + static_cast<std::uint64_t>(step), s, poison, true);
+        const auto before = optimizer_bytes(scaled);
+        const step_result r = scaled.step();
+        if (step == bad_step) {
+            o.expect(r.skipped, "the step with an inf was not skipped");
+            o.expect(optimizer_bytes(scaled) == before,
+                     "the skipped step changed parameters, master weights, state or the counter");
+        } else {
+            o.expect(!r.skipped, "step " + std::to_string(step) + " skipped without an inf");
+            synthetic_backward<half>(plain_sp, 20 + static_cast<std::uint64_t>(step), 1.0, false,
+                                     true);
+            plain.step();
+        }
+    }
+    o.expect(scaled.steps() == 5,
+             "step counter " + std::to_string(scaled.steps()) + ", expected 5");
+    o.expect(optimizer_bytes(scaled) == optimizer_bytes(plain),
+             "the loss-scaled run differs from the unscaled run that skipped the bad step");
+    UNISON_CHECK_CASE(comm, name, o);
+}
+
+template <communicator C>
+void sharded_accounting_cases(C& comm) {
+    using namespace unison::policy;
+    accounting_case<zero<0>>(comm, "memory and traffic, zero<0> (DDP)");
+    accounting_case<zero<1>>(comm, "memory and traffic, zero<1>");
+    accounting_case<zero<2>>(comm, "memory and traffic, zero<2>");
+    accounting_case<zero<3>>(comm, "memory and traffic, zero<3>");
+    mixed_precision_case<zero<1>>(comm, "bf16 parameters, f32 master, zero<1>");
+    mixed_precision_case<zero<3>>(comm, "bf16 parameters, f32 master, zero<3>");
+    loss_scaling_case<zero<2>>(comm, "fp16 dynamic loss scaling, zero<2>");
+    loss_scaling_case<zero<3>>(comm, "fp16 dynamic loss scaling, zero<3>");
+}
+
+} // namespace unison::test
