@@ -1,6 +1,7 @@
 // The sharded (FSDP / ZeRO) cases of tests/sharded on the MPI backend.
 
 #include "../sharded/accounting.hpp"
+#include "../sharded/checkpoint.hpp"
 #include "../sharded/training.hpp"
 
 #include <unison/mpi.hpp>
@@ -18,4 +19,9 @@ TEST_CASE("mpi sharded: ZeRO and FSDP training equal DDP and single-process trai
 TEST_CASE("mpi sharded: memory and traffic formulas, mixed precision, loss scaling") {
     auto comm = world();
     unison::test::sharded_accounting_cases(comm);
+}
+TEST_CASE("mpi sharded: checkpoints restage at the same world size, reject bad files") {
+    auto comm = world();
+    unison::test::checkpoint_restage_cases(comm);
+    unison::test::checkpoint_rejection_cases(comm);
 }

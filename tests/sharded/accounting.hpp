@@ -49,6 +49,12 @@ inline double synthetic(std::uint64_t seed, int rank, std::size_t i) {
     return u < 0.5 ? -mag : mag;
 }
 
+/// The shard group size a hybrid case uses at this world size: two groups where the
+/// ranks split evenly, one group otherwise.
+inline int hybrid_group(int ranks) {
+    return ranks % 2 == 0 && ranks > 1 ? ranks / 2 : ranks;
+}
+
 template <class SP>
 void add_accounting_units(SP& sp) {
     for (const auto& unit : accounting_units) {

@@ -8,6 +8,7 @@
 // every step the full parameters are compared with both.
 
 #include "../ddp/training.hpp"
+#include "accounting.hpp"
 
 #include <unison/sharded.hpp>
 
@@ -93,12 +94,6 @@ inline optim::sgd sgd_hyper() {
 }
 inline optim::adamw adamw_hyper() {
     return {1e-2, 0.9, 0.999, 1e-8, 1e-2};
-}
-
-/// The shard group size a hybrid case uses at this world size: two groups where the
-/// ranks split evenly, one group otherwise.
-inline int hybrid_group(int ranks) {
-    return ranks % 2 == 0 && ranks > 1 ? ranks / 2 : ranks;
 }
 
 struct sharded_case_options {
