@@ -41,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <initializer_list>
 #include <optional>
@@ -208,6 +209,7 @@ public:
     void gather(std::size_t unit_index, pass p = pass::forward) {
         require_started("gather");
         unit& u = unit_at(unit_index, "gather");
+        progress(reductions_in_flight);
         if constexpr (stage == 3) {
             if (u.state == unit_state::sharded) {
                 if (config::live_limit > 0 && live_ >= config::live_limit) {
@@ -294,9 +296,9 @@ public:
         entry& e = at(id, "gradient");
         check_type<T>(param_dtype, "gradient", e);
         unit& u = units_[e.unit];
-        if (u.reduce) {
-            fail("gradient", "gradient of '" + e.name + "' requested while unit " +
-                                 std::to_string(e.unit) + "'s reduction is in flight");
+        if (u.reduced) {
+            fail("gradient", "gradient of '" + e.name + "' requested after unit " +
+                                 std::to_string(e.unit) + " was reduced in this step");
         }
         if (!u.full_grad) {
             gradient_storage(u);
@@ -308,13 +310,18 @@ public:
     /// Sums `unit`'s full gradients over the ranks and leaves their average in this
     /// rank's gradient partition (stage 0: all of it, all-reduce; stages 1-3: the
     /// owned shard, reduce-scatter). Non-blocking: wait_gradients() completes it.
+    /// Reductions that have finished are completed here (and in gather), freeing their
+    /// full gradients at stages 2-3; at most `reductions_in_flight` stay pending, so
+    /// backward never holds more than that many full gradients besides the one it is
+    /// writing.
     void reduce_gradients(std::size_t unit_index) {
         require_started("reduce_gradients");
         unit& u = unit_at(unit_index, "reduce_gradients");
-        if (u.reduce) {
+        if (u.reduced) {
             fail("reduce_gradients",
                  "unit " + std::to_string(unit_index) + " reduced twice in one step");
         }
+        u.reduced = true;
         if (!u.full_grad) {
             gradient_storage(u); // a unit that got no gradient on this rank contributes zero
         }
@@ -340,6 +347,7 @@ public:
                                                   buffer{out, u.shard, reduce_dtype}));
         }
         pending_.push_back(unit_index);
+        progress(reductions_in_flight);
     }
 
     /// Completes every reduction of this step in the order they were started; the
@@ -348,7 +356,7 @@ public:
         require_started("wait_gradients");
         std::exception_ptr failure;
         for (std::size_t k = 0; k < units_.size(); ++k) {
-            if (units_[k].grad_touched && !units_[k].reduce) {
+            if (units_[k].grad_touched && !units_[k].reduced) {
                 failure = std::make_exception_ptr(argument_error(
                     comm_->rank(), "wait_gradients",
                     "unit " + std::to_string(k) + " got gradients but reduce_gradients(" +
@@ -356,28 +364,18 @@ public:
                 break;
             }
         }
-        const double scale = 1.0 / static_cast<double>(comm_->size());
-        for (std::size_t index : pending_) {
-            unit& u = units_[index];
+        while (!pending_.empty()) {
             try {
-                u.reduce->wait();
-                if (!failure) {
-                    complete_reduction(u, scale);
-                }
+                complete_front(!failure);
             } catch (...) {
                 if (!failure) {
                     failure = std::current_exception();
                 }
             }
-            u.reduce.reset();
-            u.wire.reset();
-            u.wire_shard.reset();
-            u.grad_touched = false;
-            if constexpr (stage >= 2) {
-                drop_full_grad(u);
-            }
         }
-        pending_.clear();
+        for (unit& u : units_) {
+            u.reduced = false;
+        }
         if (failure) {
             std::rethrow_exception(failure);
         }
@@ -397,6 +395,7 @@ public:
                 drop_full_grad(u);
             }
             u.grad_touched = false;
+            u.reduced = false;
         }
     }
 
@@ -526,6 +525,10 @@ public:
         m.live_units_peak = live_peak_;
         return m;
     }
+    /// How many reductions may be pending before reduce_gradients waits for the
+    /// oldest (each holds a full gradient at stages 2-3).
+    static constexpr std::size_t reductions_in_flight = 2;
+
     /// Units gathered ahead of their gather() call so far.
     std::size_t prefetched() const noexcept { return prefetched_; }
 
@@ -554,7 +557,41 @@ private:
         std::optional<request_type> gather, reduce;
         unit_state state = unit_state::sharded;
         bool grad_touched = false;
+        bool reduced = false; // reduce_gradients was called in this step
     };
+
+    /// Completes the oldest pending reduction (waiting for it); with `write` false
+    /// (after an earlier failure) only releases its buffers.
+    void complete_front(bool write) {
+        unit& u = units_[pending_.front()];
+        pending_.pop_front();
+        struct cleanup {
+            sharded_parameters* self;
+            unit& u;
+            ~cleanup() {
+                u.reduce.reset();
+                u.wire.reset();
+                u.wire_shard.reset();
+                u.grad_touched = false;
+                if constexpr (stage >= 2) {
+                    self->drop_full_grad(u);
+                }
+            }
+        } done{this, u};
+        u.reduce->wait();
+        if (write) {
+            complete_reduction(u, 1.0 / static_cast<double>(comm_->size()));
+        }
+    }
+
+    /// Completes the reductions that have finished, in order, and waits for the
+    /// oldest ones until at most `keep` are pending.
+    void progress(std::size_t keep) {
+        while (!pending_.empty() &&
+               (pending_.size() > keep || units_[pending_.front()].reduce->test())) {
+            complete_front(true);
+        }
+    }
 
     void allocate(unit& u) {
         const std::size_t p = size_of(param_dtype);
@@ -745,7 +782,7 @@ private:
     std::optional<C> shard_own_, replica_own_;
     std::vector<entry> entries_;
     std::vector<unit> units_;
-    std::vector<std::size_t> pending_;
+    std::deque<std::size_t> pending_; // units whose reduction is in flight, oldest first
     std::size_t gathered_now_ = 0, gathered_peak_ = 0, prefetched_ = 0;
     int live_ = 0, live_peak_ = 0;
     bool started_ = false;
