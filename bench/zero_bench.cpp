@@ -1,0 +1,212 @@
+/// \file
+/// unison-zero-bench: per-rank model-state memory, per-step traffic and step time of
+/// every sharding, for the model of bench/model_shapes.json (200 tensors, 25.9 M
+/// parameters) trained with bf16 parameters, f32 master weights and AdamW -- the
+/// setting of the ZeRO paper's formulas -- on the thread backend.
+///
+///     unison-zero-bench                 # 1, 2 and 4 ranks
+///     unison-zero-bench -r 2,4 -n 5     # ranks 2 and 4, 5 timed steps each
+///
+/// Consecutive tensors are grouped into units of at least 2 M parameters (about a
+/// transformer block each). One step is what a training step does to the state:
+/// forward gathers and releases every unit in order, backward gathers each unit in
+/// reverse, writes its bf16 gradients, reduce-scatters (or all-reduces) them and
+/// releases it, then the optimizer clips nothing, skips nothing and updates. Memory
+/// is what sharded_parameters::memory() and partitioned_optimizer::state_bytes()
+/// report on rank 0; traffic is counting_communicator's ring elements per rank in
+/// one step; the time is the median over -n steps of the slowest rank, after one
+/// untimed step. Memory and traffic are printed over Psi, next to the formulas.
+
+#include "model_shapes.hpp"
+#include "model_shapes_json.hpp" // generated from model_shapes.json (bench/CMakeLists.txt)
+
+#include <unison/comm/counting_communicator.hpp>
+#include <unison/sharded.hpp>
+#include <unison/thread.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace unison;
+using clock_type = std::chrono::steady_clock;
+
+struct row {
+    std::string sharding;
+    int ranks = 0;
+    double memory_per_psi = 0, memory_formula = 0;
+    double traffic_per_psi = 0, traffic_formula = 0;
+    double step_ms = 0;
+    double gathered_peak_mb = 0;
+};
+
+template <class Sharding>
+row measure(const bench::model_shapes& model, int ranks, int iterations, const char* label,
+            double memory_formula, double traffic_factor) {
+    row out;
+    out.sharding = label;
+    out.ranks = ranks;
+    std::mutex m;
+    std::vector<double> slowest(static_cast<std::size_t>(iterations), 0.0);
+    thread_world(ranks).run([&](thread_communicator& comm) {
+        counting_communicator<thread_communicator> counted(comm);
+        using sp_type =
+            sharded_parameters<counting_communicator<thread_communicator>, Sharding,
+                               policy::mixed_precision<dtype::bf16, dtype::bf16, dtype::f32>>;
+        const int group = Sharding::hybrid ? std::max(1, ranks / 2) : ranks;
+        sp_type sp(counted, group);
+        std::vector<parameter_spec> unit;
+        std::size_t in_unit = 0;
+        for (const bench::model_tensor& t : model.tensors) {
+            unit.push_back({t.name, t.elements()});
+            in_unit += t.elements();
+            if (in_unit >= (std::size_t{2} << 20)) {
+                sp.add_unit(unit);
+                unit.clear();
+                in_unit = 0;
+            }
+        }
+        if (!unit.empty()) {
+            sp.add_unit(unit);
+        }
+        sp.start();
+        step_options so;
+        so.skip_nonfinite = false;
+        partitioned_optimizer<sp_type, optim::adamw> opt(sp, optim::adamw{}, so);
+        const bf16 value(0.001f * static_cast<float>(comm.rank() + 1));
+
+        auto step = [&] {
+            for (std::size_t u = 0; u < sp.unit_count(); ++u) {
+                sp.gather(u, pass::forward);
+                (void)sp.template parameter<bf16>(sp.parameters_of(u).first);
+                sp.release(u, pass::forward);
+            }
+            for (std::size_t u = sp.unit_count(); u-- > 0;) {
+                sp.gather(u, pass::backward);
+                const auto [first, last] = sp.parameters_of(u);
+                for (std::size_t id = first; id < last; ++id) {
+                    auto g = sp.template gradient<bf16>(id);
+                    std::fill(g.data, g.data + g.size, value);
+                }
+                sp.reduce_gradients(u);
+                sp.release(u, pass::backward);
+            }
+            opt.step();
+        };
+        step(); // untimed; also settles the allocator
+        counted.reset();
+        for (int i = 0; i < iterations; ++i) {
+            barrier(comm);
+            const auto t0 = clock_type::now();
+            step();
+            const double ms =
+                std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+            std::lock_guard lock(m);
+            slowest[static_cast<std::size_t>(i)] =
+                std::max(slowest[static_cast<std::size_t>(i)], ms);
+        }
+        if (comm.rank() == 0) {
+            const double psi = static_cast<double>(sp.numel());
+            const memory_report r = sp.memory();
+            out.memory_per_psi =
+                static_cast<double>(r.parameters + r.gradients + r.master + opt.state_bytes()) /
+                psi;
+            out.memory_formula = memory_formula;
+            const double moved = counted.of(operation::all_gather).ring_elements +
+                                 counted.of(operation::reduce_scatter).ring_elements +
+                                 counted.of(operation::all_reduce).ring_elements;
+            out.traffic_per_psi = moved / iterations / psi;
+            out.traffic_formula = traffic_factor * (ranks - 1.0) / ranks;
+            out.gathered_peak_mb = static_cast<double>(r.gathered_peak) / 1e6;
+        }
+    });
+    std::sort(slowest.begin(), slowest.end());
+    out.step_ms = slowest[slowest.size() / 2];
+    return out;
+}
+
+int usage() {
+    std::fprintf(stderr, "usage: unison-zero-bench [-r ranks,ranks,...] [-n timed steps]\n");
+    return 2;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    std::vector<int> ranks_list{1, 2, 4};
+    int iterations = 3;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (i + 1 >= argc) {
+            return usage();
+        }
+        const std::string value = argv[++i];
+        if (arg == "-r") {
+            ranks_list.clear();
+            std::size_t at = 0;
+            while (at <= value.size()) {
+                const std::size_t comma = std::min(value.find(',', at), value.size());
+                const int r = std::atoi(value.substr(at, comma - at).c_str());
+                if (r < 1) {
+                    return usage();
+                }
+                ranks_list.push_back(r);
+                at = comma + 1;
+            }
+        } else if (arg == "-n") {
+            iterations = std::atoi(value.c_str());
+            if (iterations < 1) {
+                return usage();
+            }
+        } else {
+            return usage();
+        }
+    }
+    try {
+        const bench::model_shapes model = bench::parse_model_shapes(
+            bench::model_shapes_json, "bench/model_shapes.json (built in)");
+        const double psi = static_cast<double>(model.elements());
+        std::printf("unison-zero-bench: %zu tensors, Psi = %.0f parameters; bf16 parameters and "
+                    "gradients, f32 master weights, AdamW; thread backend\n\n",
+                    model.tensors.size(), psi);
+        std::printf("| sharding | ranks | state bytes / Psi | formula | traffic / Psi | formula | "
+                    "peak gathered MB | step ms |\n");
+        std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        for (int n : ranks_list) {
+            const double N = n;
+            std::vector<row> rows;
+            rows.push_back(measure<policy::zero<0>>(model, n, iterations, "zero<0> (DDP)", 16, 2));
+            rows.push_back(
+                measure<policy::zero<1>>(model, n, iterations, "zero<1>", 4 + 12 / N, 2));
+            rows.push_back(
+                measure<policy::zero<2>>(model, n, iterations, "zero<2>", 2 + 14 / N, 2));
+            rows.push_back(
+                measure<policy::zero<3>>(model, n, iterations, "zero<3> = fsdp<full>", 16 / N, 3));
+            rows.push_back(measure<policy::fsdp<policy::shard::grad_op>>(
+                model, n, iterations, "fsdp<grad_op>", 16 / N, 2));
+            if (n >= 4 && n % 2 == 0) {
+                // Groups of N/2: sharded over N/2, the shard all-reduced across the 2 groups.
+                const double g = N / 2;
+                rows.push_back(measure<policy::fsdp<policy::shard::hybrid>>(
+                    model, n, iterations, "fsdp<hybrid>, 2 groups", 16 / g, 0));
+                rows.back().traffic_formula = 3.0 * (g - 1) / g + 2.0 * (2 - 1) / 2 / g;
+            }
+            for (const row& r : rows) {
+                std::printf("| %s | %d | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f |\n",
+                            r.sharding.c_str(), r.ranks, r.memory_per_psi, r.memory_formula,
+                            r.traffic_per_psi, r.traffic_formula, r.gathered_peak_mb, r.step_ms);
+            }
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "unison-zero-bench: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
