@@ -2,6 +2,7 @@
 
 #include "../sharded/accounting.hpp"
 #include "../sharded/checkpoint.hpp"
+#include "../sharded/misuse.hpp"
 #include "../sharded/training.hpp"
 
 #include <unison/mpi.hpp>
@@ -24,4 +25,9 @@ TEST_CASE("mpi sharded: checkpoints restage at the same world size, reject bad f
     auto comm = world();
     unison::test::checkpoint_restage_cases(comm);
     unison::test::checkpoint_rejection_cases(comm);
+}
+
+TEST_CASE("mpi sharded: misuse is reported") {
+    auto comm = world();
+    unison::test::sharded_misuse_cases(comm);
 }

@@ -2,6 +2,7 @@
 
 #include "../sharded/accounting.hpp"
 #include "../sharded/checkpoint.hpp"
+#include "../sharded/misuse.hpp"
 #include "../sharded/training.hpp"
 
 #include <unison/thread.hpp>
@@ -55,4 +56,8 @@ TEST_CASE("thread sharded: ZeRO-3 at 4 ranks resumes as ZeRO-1 at 2, DDP at 1, Z
         CHECK(unison::test::checkpoint_contents(dir / d) == ref);
     }
     fs::remove_all(dir);
+}
+
+TEST_CASE("thread sharded: misuse is reported") {
+    on_worlds([](auto& comm) { unison::test::sharded_misuse_cases(comm); });
 }
