@@ -94,53 +94,42 @@ UNISON_HOST_DEVICE void adam_update(const adam_constants<A>& c, A& p, A g, A& m,
 
 } // namespace detail
 
-/// torch.optim.Adam (amsgrad off): weight decay is L2, added to the gradient.
-struct adam {
+namespace detail {
+
+/// Adam and AdamW: the same moments; `Decoupled` picks AdamW's weight decay.
+template <bool Decoupled>
+struct adam_family {
     double lr = 1e-3;
     double beta1 = 0.9;
     double beta2 = 0.999;
     double eps = 1e-8;
-    double weight_decay = 0.0;
+    double weight_decay = Decoupled ? 1e-2 : 0.0;
 
-    static constexpr std::string_view name = "adam";
+    static constexpr std::string_view name = Decoupled ? "adamw" : "adam";
     static constexpr std::size_t slots = 2;
     static constexpr std::array<std::string_view, slots> slot_names{"exp_avg", "exp_avg_sq"};
 
     template <class A>
-    using constants = detail::adam_constants<A>;
+    using constants = adam_constants<A>;
     template <class A>
     constants<A> prepare(std::uint64_t step) const {
-        return detail::adam_prepare<A>(lr, beta1, beta2, eps, weight_decay, step, false);
+        return adam_prepare<A>(lr, beta1, beta2, eps, weight_decay, step, Decoupled);
     }
     template <class A>
     UNISON_HOST_DEVICE static void update(const constants<A>& c, A& p, A g, A (&s)[slots]) {
-        detail::adam_update(c, p, g, s[0], s[1]);
+        adam_update(c, p, g, s[0], s[1]);
     }
 };
 
-/// torch.optim.AdamW (amsgrad off): decoupled weight decay, p *= 1 - lr * weight_decay.
-struct adamw {
-    double lr = 1e-3;
-    double beta1 = 0.9;
-    double beta2 = 0.999;
-    double eps = 1e-8;
-    double weight_decay = 1e-2;
+} // namespace detail
 
-    static constexpr std::string_view name = "adamw";
-    static constexpr std::size_t slots = 2;
-    static constexpr std::array<std::string_view, slots> slot_names{"exp_avg", "exp_avg_sq"};
+/// torch.optim.Adam (amsgrad off): weight decay (default 0) is L2, added to the
+/// gradient. Fields: lr, beta1, beta2, eps, weight_decay.
+using adam = detail::adam_family<false>;
 
-    template <class A>
-    using constants = detail::adam_constants<A>;
-    template <class A>
-    constants<A> prepare(std::uint64_t step) const {
-        return detail::adam_prepare<A>(lr, beta1, beta2, eps, weight_decay, step, true);
-    }
-    template <class A>
-    UNISON_HOST_DEVICE static void update(const constants<A>& c, A& p, A g, A (&s)[slots]) {
-        detail::adam_update(c, p, g, s[0], s[1]);
-    }
-};
+/// torch.optim.AdamW (amsgrad off): decoupled weight decay (default 1e-2),
+/// p *= 1 - lr * weight_decay before the Adam step.
+using adamw = detail::adam_family<true>;
 
 /// What `partitioned_optimizer` needs of an optimizer type.
 template <class O>
