@@ -98,7 +98,37 @@ inline optim::adamw adamw_hyper() {
 
 struct sharded_case_options {
     double max_grad_norm = 0.0;
-    int poison_step = -1; ///< a step in which one rank's gradient holds a NaN
+    int poison_step = -1;         ///< a step in which one rank's gradient holds a NaN
+    bool no_decay_biases = false; ///< AdamW: biases in a group without weight decay
+};
+
+/// The references' optimizer: nn's, with the biases in a second AdamW without
+/// weight decay when asked (PyTorch's two parameter groups).
+template <class T>
+struct reference_optimizer {
+    std::optional<optimizer<T>> all;
+    std::unique_ptr<nn::adamw<T>> weights, biases;
+    reference_optimizer(optimizer_kind kind, const std::vector<nn::parameter<T>*>& params,
+                        bool no_decay_biases) {
+        if (!no_decay_biases) {
+            all.emplace(kind, params);
+            return;
+        }
+        std::vector<nn::parameter<T>*> w, b;
+        for (nn::parameter<T>* p : params) {
+            (p->name.ends_with(".bias") ? b : w).push_back(p);
+        }
+        weights = std::make_unique<nn::adamw<T>>(w, T(1e-2));
+        biases = std::make_unique<nn::adamw<T>>(b, T(1e-2), T(0.9), T(0.999), T(1e-8), T(0));
+    }
+    void step() {
+        if (all) {
+            all->step();
+        } else {
+            weights->step();
+            biases->step();
+        }
+    }
 };
 
 /// Sharded training with `Policies` vs DDP vs single-process training, for
@@ -129,14 +159,17 @@ void sharded_equivalence_case(C& comm, optimizer_kind kind, double tol, const st
         sgd_opt.emplace(sp, sgd_hyper(), so);
     } else {
         adamw_opt.emplace(sp, adamw_hyper(), so);
+        for (std::size_t id = 0; id < sp.parameter_count() && opts.no_decay_biases; ++id) {
+            adamw_opt->set_weight_decay(id, !sp.name(id).ends_with(".bias"));
+        }
     }
 
     using ddp_type = ddp<C>;
     ddp_type dp(comm);
     ddp_binding<T, ddp_type> ddp_bind(ddp_model, dp);
     dp.start();
-    optimizer<T> ddp_opt(kind, ddp_model.parameters());
-    optimizer<T> ref_opt(kind, reference.parameters());
+    reference_optimizer<T> ddp_opt(kind, ddp_model.parameters(), opts.no_decay_biases);
+    reference_optimizer<T> ref_opt(kind, reference.parameters(), opts.no_decay_biases);
 
     // Clip like torch.nn.utils.clip_grad_norm_, on the full gradients.
     auto clip = [&](nn::mlp<T>& m) {
@@ -283,6 +316,10 @@ void sharded_training_cases(C& comm) {
                                              {0.0, 3});
     sharded_equivalence_case<float, zero<0>>(comm, adamw, 1e-6, "zero<0> NaN at step 5 skipped",
                                              {0.0, 5});
+    sharded_equivalence_case<float, zero<3>>(comm, adamw, 1e-6, "zero<3> AdamW, biases not decayed",
+                                             {0.0, -1, true});
+    sharded_equivalence_case<float, zero<1>>(comm, adamw, 1e-6, "zero<1> AdamW, biases not decayed",
+                                             {0.0, -1, true});
 }
 
 } // namespace unison::test

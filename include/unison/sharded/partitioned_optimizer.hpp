@@ -25,6 +25,7 @@
 #include "unison/sharded/optimizers.hpp"
 #include "unison/sharded/sharded_parameters.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -72,6 +73,7 @@ public:
     using optimizer_type = O;
     static constexpr dtype state_dtype = Params::master_dtype;
     using compute_type = std::conditional_t<state_dtype == dtype::f64, double, float>;
+    static constexpr bool has_weight_decay = requires(O o) { o.weight_decay = 0.0; };
 
     /// Allocates the state for this rank's partitions (zero, as PyTorch starts it).
     /// Keeps a reference to `params`, which must outlive the optimizer.
@@ -144,8 +146,14 @@ public:
 
         ++step_;
         const auto constants = hyper_.template prepare<compute_type>(step_);
+        auto constants_no_decay = constants;
+        if constexpr (has_weight_decay) {
+            O plain = hyper_;
+            plain.weight_decay = 0.0;
+            constants_no_decay = plain.template prepare<compute_type>(step_);
+        }
         for (std::size_t k = 0; k < params_->unit_count(); ++k) {
-            update_unit(k, constants, static_cast<compute_type>(grad_scale));
+            update_unit(k, constants, constants_no_decay, static_cast<compute_type>(grad_scale));
         }
         params_->publish_parameters();
 
@@ -154,6 +162,19 @@ public:
             good_steps_ = 0;
         }
         return result;
+    }
+
+    /// Whether parameter `id` gets weight decay (default: every parameter does).
+    /// Transformer recipes usually exclude biases, norms and embeddings, as PyTorch
+    /// users do with a second parameter group with weight_decay 0.
+    void set_weight_decay(std::size_t id, bool decay) {
+        static_assert(has_weight_decay, "this optimizer has no weight_decay");
+        if (id >= params_->parameter_count()) {
+            params_->fail("partitioned_optimizer set_weight_decay",
+                          "no parameter " + std::to_string(id));
+        }
+        no_decay_.resize(params_->parameter_count(), false);
+        no_decay_[id] = !decay;
     }
 
     /// The state slot `slot` (O::slot_names[slot]) of unit `k`'s update_range, in
@@ -209,19 +230,48 @@ private:
     }
 
     template <class Constants>
-    void update_unit(std::size_t k, const Constants& c, compute_type grad_scale) {
-        using A = compute_type;
+    void update_unit(std::size_t k, const Constants& c, const Constants& c_no_decay,
+                     compute_type grad_scale) {
         auto part = params_->partition_of(k);
-        const std::size_t n = part.range.size();
+        // Pieces of the partition with one set of constants: parameters without
+        // weight decay use c_no_decay; everything else (padding included) c.
+        std::size_t at = part.range.begin;
+        const auto [first, last] = params_->parameters_of(k);
+        for (std::size_t id = first; id < last && !no_decay_.empty(); ++id) {
+            if (!no_decay_[id]) {
+                continue;
+            }
+            const std::size_t b = std::max(params_->offset_of(id), part.range.begin);
+            const std::size_t e =
+                std::min(params_->offset_of(id) + params_->numel(id), part.range.end);
+            if (b >= e) {
+                continue;
+            }
+            update_elements(k, part, at, b, c, grad_scale);
+            update_elements(k, part, b, e, c_no_decay, grad_scale);
+            at = e;
+        }
+        update_elements(k, part, at, part.range.end, c, grad_scale);
+    }
+
+    /// The update of unit elements [b, e) (within part.range).
+    template <class Partition, class Constants>
+    void update_elements(std::size_t k, const Partition& part, std::size_t b, std::size_t e,
+                         const Constants& c, compute_type grad_scale) {
+        using A = compute_type;
+        if (b >= e) {
+            return;
+        }
+        const std::size_t off = b - part.range.begin, n = e - b;
         A* slot[O::slots];
         for (std::size_t s = 0; s < O::slots; ++s) {
-            slot[s] = reinterpret_cast<A*>(state(k, s));
+            slot[s] = reinterpret_cast<A*>(state(k, s)) + off;
         }
         detail::visit_floating(Params::param_dtype, [&](auto tag) {
             using P = decltype(tag);
-            const P* g = static_cast<const P*>(part.grad);
-            P* param = static_cast<P*>(part.param);
-            A* master = static_cast<A*>(part.master);
+            const P* g = static_cast<const P*>(part.grad) + off;
+            P* param = static_cast<P*>(part.param) + off;
+            A* master = part.master != nullptr ? static_cast<A*>(part.master) + off : nullptr;
             for (std::size_t i = 0; i < n; ++i) {
                 A p = master != nullptr ? master[i] : detail::load_as<A>(param[i]);
                 A s[O::slots];
@@ -248,6 +298,7 @@ private:
     std::uint64_t good_steps_ = 0;
     std::uint64_t step_ = 0;
     std::vector<detail::aligned_bytes> state_;
+    std::vector<bool> no_decay_; // by parameter id; empty while every parameter decays
 };
 
 } // namespace unison
