@@ -53,6 +53,7 @@
 /// the sorting of the names.
 
 #include "unison/checkpoint/error.hpp"
+#include "unison/core/detail/hash.hpp"
 #include "unison/core/dtype.hpp"
 
 #include <algorithm>
@@ -139,19 +140,11 @@ struct metadata {
 
 /// The 64-bit FNV-1a hash of `size` bytes at `data`, continuing from `h` (pass the
 /// previous result to hash data given in pieces).
-inline std::uint64_t fnv1a64(const void* data, std::size_t size,
-                             std::uint64_t h = 0xcbf29ce484222325ull) noexcept {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < size; ++i) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
+using detail::fnv1a64;
 
 /// The 64-bit FNV-1a hash of `bytes`, continuing from `h`.
 inline std::uint64_t fnv1a64(std::span<const std::byte> bytes,
-                             std::uint64_t h = 0xcbf29ce484222325ull) noexcept {
+                             std::uint64_t h = detail::fnv1a64_offset) noexcept {
     return fnv1a64(bytes.data(), bytes.size(), h);
 }
 

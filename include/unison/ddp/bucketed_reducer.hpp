@@ -24,6 +24,7 @@
 #include "unison/comm/communicator.hpp"
 #include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/convert.hpp"
+#include "unison/core/detail/hash.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/tensor.hpp"
 #include "unison/ddp/detail/bucket_plan.hpp"
@@ -543,12 +544,8 @@ private:
     /// Every rank must register the same gradients: compare a count and a hash of
     /// the (count, dtype) list across ranks.
     void verify_layout() {
-        std::uint64_t hash = 1469598103934665603ull;
-        auto mix = [&](std::uint64_t v) {
-            for (int byte = 0; byte < 8; ++byte) {
-                hash = (hash ^ ((v >> (8 * byte)) & 0xffu)) * 1099511628211ull;
-            }
-        };
+        std::uint64_t hash = detail::fnv1a64_offset;
+        auto mix = [&](std::uint64_t v) { hash = detail::fnv1a64(&v, sizeof v, hash); };
         for (const entry& e : entries_) {
             mix(e.grad.count);
             mix(static_cast<std::uint64_t>(e.grad.type));

@@ -33,6 +33,7 @@
 #include "unison/comm/communicator.hpp"
 #include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/convert.hpp"
+#include "unison/core/detail/hash.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/tensor.hpp"
 #include "unison/sharded/policies.hpp"
@@ -81,17 +82,6 @@ struct element_range {
     std::size_t end = 0;
     std::size_t size() const noexcept { return end - begin; }
 };
-
-namespace detail {
-inline std::uint64_t fnv1a(const void* data, std::size_t bytes,
-                           std::uint64_t h = 1469598103934665603ull) noexcept {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < bytes; ++i) {
-        h = (h ^ p[i]) * 1099511628211ull;
-    }
-    return h;
-}
-} // namespace detail
 
 /// Sharded parameter and gradient memory over communicator `C`, assembled from
 /// `Policies` (unison::policy: zero<N> / fsdp<...>, mixed_precision, ...).
@@ -187,8 +177,8 @@ public:
         if constexpr (has_master) {
             copy_overlap(whole, update_range(e.unit), src, b.type, u.master.data(), master_dtype);
         }
-        std::uint64_t h = detail::fnv1a(&b.type, sizeof b.type);
-        e.init_hash = detail::fnv1a(b.data, b.count * size_of(b.type), h);
+        std::uint64_t h = detail::fnv1a64(&b.type, sizeof b.type);
+        e.init_hash = detail::fnv1a64(b.data, b.count * size_of(b.type), h);
         e.initialized = true;
     }
 
@@ -727,14 +717,14 @@ private:
 
     /// Every rank: the same units (names and sizes) and the same initial values.
     void verify_layout() {
-        std::uint64_t layout = detail::fnv1a(nullptr, 0);
+        std::uint64_t layout = detail::fnv1a64_offset;
         for (const unit& u : units_) {
             const std::uint64_t n[2] = {u.last - u.first, u.numel};
-            layout = detail::fnv1a(n, sizeof n, layout);
+            layout = detail::fnv1a64(n, sizeof n, layout);
         }
         for (const entry& e : entries_) {
-            layout = detail::fnv1a(e.name.data(), e.name.size(), layout);
-            layout = detail::fnv1a(&e.numel, sizeof e.numel, layout);
+            layout = detail::fnv1a64(e.name.data(), e.name.size(), layout);
+            layout = detail::fnv1a64(&e.numel, sizeof e.numel, layout);
         }
         const std::size_t n = entries_.size();
         // (as int64: the collectives carry signed 64-bit integers)
