@@ -2,19 +2,9 @@
 
 #include "../collectives/cases.hpp"
 
-#include <unison/thread.hpp>
+#include "worlds.hpp"
 
-namespace {
-
-template <class Fn>
-void on_worlds(Fn fn) {
-    for (int ranks = 1; ranks <= 4; ++ranks) {
-        CAPTURE(ranks);
-        unison::thread_world(ranks).run([&](unison::thread_communicator& comm) { fn(comm); });
-    }
-}
-
-} // namespace
+using unison::test::on_worlds;
 
 TEST_CASE("thread: all_reduce") {
     on_worlds([](auto& comm) { unison::test::all_reduce_cases(comm); });

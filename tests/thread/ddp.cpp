@@ -3,19 +3,9 @@
 #include "../ddp/cases.hpp"
 #include "../ddp/training.hpp"
 
-#include <unison/thread.hpp>
+#include "worlds.hpp"
 
-namespace {
-
-template <class Fn>
-void on_worlds(Fn fn, int from = 1) {
-    for (int ranks = from; ranks <= 4; ++ranks) {
-        CAPTURE(ranks);
-        unison::thread_world(ranks).run([&](unison::thread_communicator& comm) { fn(comm); });
-    }
-}
-
-} // namespace
+using unison::test::on_worlds;
 
 TEST_CASE("thread ddp: every policy averages like the double reference") {
     on_worlds([](auto& comm) { unison::test::reducer_policy_cases(comm); });

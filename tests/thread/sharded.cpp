@@ -5,19 +5,9 @@
 #include "../sharded/misuse.hpp"
 #include "../sharded/training.hpp"
 
-#include <unison/thread.hpp>
+#include "worlds.hpp"
 
-namespace {
-
-template <class Fn>
-void on_worlds(Fn fn, int from = 1) {
-    for (int ranks = from; ranks <= 4; ++ranks) {
-        CAPTURE(ranks);
-        unison::thread_world(ranks).run([&](unison::thread_communicator& comm) { fn(comm); });
-    }
-}
-
-} // namespace
+using unison::test::on_worlds;
 
 TEST_CASE("thread sharded: ZeRO and FSDP training equal DDP and single-process training") {
     on_worlds([](auto& comm) { unison::test::sharded_training_cases(comm); });
