@@ -34,6 +34,7 @@
 ///   raw-flat        (MPI) one blocking MPI_Allreduce in place of all gradients,
 ///                   then the division
 
+#include "launch_rank.hpp"
 #include "model_shapes.hpp"
 #include "model_shapes_json.hpp" // generated from model_shapes.json (bench/CMakeLists.txt)
 
@@ -809,15 +810,6 @@ void print_shapes(const model_shapes& m) {
             shape += (shape.empty() ? "" : "x") + std::to_string(d);
         }
         std::printf("  %5zu  %-28s %-12s %10zu\n", i, t.name.c_str(), shape.c_str(), t.elements());
-    }
-}
-
-/// Rank of this process in the job it was launched in (0 outside a launcher).
-int launch_rank() {
-    try {
-        return detect_launch().rank;
-    } catch (const std::exception&) {
-        return 0;
     }
 }
 

@@ -16,6 +16,7 @@
 #include "collective_call.hpp"
 #include "collective_shape.hpp"
 #include "data_pattern.hpp"
+#include "launch_rank.hpp"
 #include "report.hpp"
 
 #include <unison/comm.hpp>
@@ -744,16 +745,6 @@ int run_nccl_ranks(const bench_config& cfg) {
 }
 
 #endif // UNISON_HAS_NCCL() && UNISON_HAS_MPI()
-
-/// Rank of this process in the job it was launched in (0 outside a launcher), so
-/// that only one process prints a command-line error.
-int launch_rank() {
-    try {
-        return detect_launch().rank;
-    } catch (const std::exception&) {
-        return 0;
-    }
-}
 
 } // namespace
 } // namespace unison::bench
