@@ -15,6 +15,22 @@ namespace unison {
 
 namespace detail {
 
+/// std::bit_cast between float and its bits, callable from device code as well.
+UNISON_HOST_DEVICE constexpr std::uint32_t float_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(f);
+#else
+    return std::bit_cast<std::uint32_t>(f);
+#endif
+}
+UNISON_HOST_DEVICE constexpr float bits_float(std::uint32_t u) noexcept {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    return std::bit_cast<float>(u);
+#endif
+}
+
 /// Round-to-nearest-even step shared by both conversions: `result` is the
 /// truncated value and `remainder` the discarded bits left-aligned in 32 bits.
 UNISON_HOST_DEVICE constexpr std::uint16_t round_nearest_even(std::uint32_t result,
@@ -26,7 +42,7 @@ UNISON_HOST_DEVICE constexpr std::uint16_t round_nearest_even(std::uint32_t resu
 }
 
 UNISON_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float f) noexcept {
-    const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+    const std::uint32_t x = float_bits(f);
     const std::uint32_t u = x & 0x7fffffffu;
     const std::uint32_t sign = (x >> 16) & 0x8000u;
     if (u >= 0x7f800000u) { // inf or NaN: NaN becomes the canonical 0x7fff
@@ -69,11 +85,11 @@ UNISON_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) noexcept 
     } else {
         exponent += 0x70u;
     }
-    return std::bit_cast<float>((sign << 31) | (exponent << 23) | mantissa);
+    return bits_float((sign << 31) | (exponent << 23) | mantissa);
 }
 
 UNISON_HOST_DEVICE constexpr std::uint16_t float_to_bf16_bits(float f) noexcept {
-    const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+    const std::uint32_t x = float_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) {
         return 0x7fffu;
     }
@@ -81,7 +97,7 @@ UNISON_HOST_DEVICE constexpr std::uint16_t float_to_bf16_bits(float f) noexcept 
 }
 
 UNISON_HOST_DEVICE constexpr float bf16_bits_to_float(std::uint16_t b) noexcept {
-    return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+    return bits_float(static_cast<std::uint32_t>(b) << 16);
 }
 
 } // namespace detail

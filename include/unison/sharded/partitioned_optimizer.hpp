@@ -22,6 +22,7 @@
 #include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/convert.hpp"
 #include "unison/core/error.hpp"
+#include "unison/kernels/host.hpp"
 #include "unison/sharded/optimizers.hpp"
 #include "unison/sharded/sharded_parameters.hpp"
 
@@ -32,6 +33,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -210,23 +212,13 @@ private:
         auto part = params_->partition_of(k);
         const element_range owned = params_->owned_range(k);
         const std::size_t skip = owned.begin - part.range.begin;
-        const std::byte* g =
-            static_cast<const std::byte*>(part.grad) + skip * size_of(Params::param_dtype);
-        detail::visit_floating(Params::param_dtype, [&](auto tag) {
-            using G = decltype(tag);
-            const G* p = reinterpret_cast<const G*>(g);
-            double s = 0.0, bad = 0.0;
-            for (std::size_t i = 0; i < owned.size(); ++i) {
-                const double v = detail::load_as<double>(p[i]);
-                if (std::isfinite(v)) {
-                    s += v * v;
-                } else {
-                    bad += 1.0;
-                }
-            }
-            sum_sq += s;
-            nonfinite += bad;
-        });
+        const kernels::read_piece piece{static_cast<const std::byte*>(part.grad) +
+                                            skip * size_of(Params::param_dtype),
+                                        owned.size()};
+        const kernels::norm_stats stats =
+            kernels::host::multi_norm(std::span(&piece, 1), Params::param_dtype);
+        sum_sq += stats.sum_sq;
+        nonfinite += stats.nonfinite;
     }
 
     template <class Constants>
@@ -263,30 +255,17 @@ private:
             return;
         }
         const std::size_t off = b - part.range.begin, n = e - b;
-        A* slot[O::slots];
-        for (std::size_t s = 0; s < O::slots; ++s) {
-            slot[s] = reinterpret_cast<A*>(state(k, s)) + off;
-        }
         detail::visit_floating(Params::param_dtype, [&](auto tag) {
             using P = decltype(tag);
-            const P* g = static_cast<const P*>(part.grad) + off;
-            P* param = static_cast<P*>(part.param) + off;
-            A* master = part.master != nullptr ? static_cast<A*>(part.master) + off : nullptr;
-            for (std::size_t i = 0; i < n; ++i) {
-                A p = master != nullptr ? master[i] : detail::load_as<A>(param[i]);
-                A s[O::slots];
-                for (std::size_t j = 0; j < O::slots; ++j) {
-                    s[j] = slot[j][i];
-                }
-                O::update(c, p, detail::load_as<A>(g[i]) * grad_scale, s);
-                for (std::size_t j = 0; j < O::slots; ++j) {
-                    slot[j][i] = s[j];
-                }
-                if (master != nullptr) {
-                    master[i] = p;
-                }
-                param[i] = detail::store_as<P>(p);
+            kernels::shard_ref<P, P, A, O::slots> shard;
+            shard.param = static_cast<P*>(part.param) + off;
+            shard.grad = static_cast<const P*>(part.grad) + off;
+            shard.master = part.master != nullptr ? static_cast<A*>(part.master) + off : nullptr;
+            for (std::size_t s = 0; s < O::slots; ++s) {
+                shard.state[s] = reinterpret_cast<A*>(state(k, s)) + off;
             }
+            shard.count = n;
+            kernels::host::optimizer_step<O>(c, shard, grad_scale);
         });
     }
 

@@ -7,6 +7,7 @@
 /// types (float for f16/bf16/f32, double when either side is f64), with one
 /// rounding at the store, which is what a CUDA kernel doing the same work gives.
 
+#include "unison/core/config.hpp"
 #include "unison/core/dtype.hpp"
 #include "unison/core/half.hpp"
 
@@ -41,7 +42,7 @@ using convert_compute_t =
 
 /// Widens `v` to the compute type `A` (16-bit types go through float).
 template <class A, class S>
-constexpr A load_as(S v) noexcept {
+UNISON_HOST_DEVICE constexpr A load_as(S v) noexcept {
     if constexpr (std::is_same_v<S, half> || std::is_same_v<S, bf16>) {
         return static_cast<A>(static_cast<float>(v));
     } else {
@@ -52,7 +53,7 @@ constexpr A load_as(S v) noexcept {
 /// for values that came from float arithmetic and otherwise double-rounds by at
 /// most one unit; the reducer only narrows double to 16 bits when asked to).
 template <class D, class A>
-constexpr D store_as(A v) noexcept {
+UNISON_HOST_DEVICE constexpr D store_as(A v) noexcept {
     if constexpr (std::is_same_v<D, half> || std::is_same_v<D, bf16>) {
         return static_cast<D>(static_cast<float>(v));
     } else {
@@ -60,29 +61,32 @@ constexpr D store_as(A v) noexcept {
     }
 }
 
+/// One element of a scale-and-cast copy: dst = D(A(src) * scale), or with
+/// `accumulate` dst = D(A(dst) + A(src) * scale). The element math that the host
+/// loops below and the CUDA kernels (kernels/element.hpp) share.
+template <class D, class S, class A = convert_compute_t<D, S>>
+UNISON_HOST_DEVICE constexpr void scale_cast_element(D& dst, S src, A scale,
+                                                     bool accumulate) noexcept {
+    const A v = load_as<A>(src) * scale;
+    dst = store_as<D>(accumulate ? load_as<A>(dst) + v : v);
+}
+
 /// dst[i] = D(A(src[i]) * scale), or with `accumulate` dst[i] = D(A(dst[i]) + A(src[i]) * scale).
 template <class D, class S>
 void convert_scale_typed(D* dst, const S* src, std::size_t n, double scale, bool accumulate) {
     using A = convert_compute_t<D, S>;
     const A s = static_cast<A>(scale);
-    if (accumulate) {
-        for (std::size_t i = 0; i < n; ++i) {
-            dst[i] = store_as<D>(load_as<A>(dst[i]) + load_as<A>(src[i]) * s);
-        }
-    } else if (s == A{1}) {
-        if constexpr (std::is_same_v<D, S>) {
-            if (static_cast<const void*>(dst) != static_cast<const void*>(src)) {
+    if constexpr (std::is_same_v<D, S>) {
+        if (!accumulate && s == A{1}) {
+            // x * 1 is exact and the cast is the identity: a copy gives the same bits.
+            if (static_cast<const void*>(dst) != static_cast<const void*>(src) && n != 0) {
                 std::memcpy(dst, src, n * sizeof(D));
             }
-        } else {
-            for (std::size_t i = 0; i < n; ++i) {
-                dst[i] = store_as<D>(load_as<A>(src[i]));
-            }
+            return;
         }
-    } else {
-        for (std::size_t i = 0; i < n; ++i) {
-            dst[i] = store_as<D>(load_as<A>(src[i]) * s);
-        }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        scale_cast_element<D, S, A>(dst[i], src[i], s, accumulate);
     }
 }
 
