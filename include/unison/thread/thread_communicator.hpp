@@ -11,6 +11,7 @@
 #include "unison/comm/detail/validate.hpp"
 #include "unison/core/detail/host_reduce.hpp"
 #include "unison/core/error.hpp"
+#include "unison/thread/detail/device_mover.hpp"
 #include "unison/thread/detail/progress_engine.hpp"
 #include "unison/thread/detail/thread_group.hpp"
 
@@ -90,6 +91,9 @@ public:
         if (call.op == operation::send || call.op == operation::recv) {
             return call.op == operation::send ? run_send(call) : run_recv(call);
         }
+        if (call.location.is_cuda() && call.op != operation::barrier) {
+            return run_device(call);
+        }
         check_host(call);
         const std::uint64_t seq = sequence++;
         rank_entry& mine = group->entry(seq, rank);
@@ -99,8 +103,49 @@ public:
         if (call.op == operation::barrier) {
             return;
         }
+        check_locations(call.op, seq);
         move_data(call, seq);
         arrive(call.op, seq);
+    }
+
+    /// `call` on device memory, through the attached device mover (see
+    /// device_mover.hpp for the protocol).
+    void run_device(const collective_call& call) {
+        if (!mover) {
+            throw argument_error(rank, to_string(call.op),
+                                 "the data is on " + to_string(call.location) +
+                                     " and no device is attached to this thread communicator: "
+                                     "call unison::cuda::attach(comm, device) (from "
+                                     "unison/thread/device.cuh, in a .cu file) first");
+        }
+        if (call.location.index != mover->device()) {
+            throw argument_error(
+                rank, to_string(call.op),
+                "the data is on " + to_string(call.location) +
+                    " and this rank is attached to cuda:" + std::to_string(mover->device()));
+        }
+        const std::uint64_t seq = sequence++;
+        rank_entry& mine = group->entry(seq, rank);
+        mine.call = call;
+        mine.ready_event = mover->record_ready();
+        arrive(call.op, seq);
+        check_matching(call.op, seq);
+        check_locations(call.op, seq);
+        const int n = group->size;
+        calls.resize(static_cast<std::size_t>(n));
+        events.resize(static_cast<std::size_t>(n));
+        for (int q = 0; q < n; ++q) {
+            calls[static_cast<std::size_t>(q)] = &group->entry(seq, q).call;
+            events[static_cast<std::size_t>(q)] = group->entry(seq, q).ready_event;
+        }
+        mover->move(calls.data(), events.data(), rank, n);
+        mine.done_event = mover->record_done();
+        arrive(call.op, seq);
+        for (int q = 0; q < n; ++q) {
+            events[static_cast<std::size_t>(q)] = group->entry(seq, q).done_event;
+        }
+        mover->wait_peers(events.data(), n);
+        mover->synchronize(rank, operation_label(call.op, seq), options.timeout);
     }
 
     /// Splits this group; every rank of it calls split.
@@ -148,6 +193,9 @@ public:
     const comm_options options;
     std::uint64_t sequence = 0;                 ///< collectives issued so far
     std::atomic<std::uint64_t> p2p_sequence{0}; ///< sends and recvs issued so far
+    /// Moves device data (unison::cuda::attach); declared before the engine so that
+    /// the engine's thread has stopped before it is destroyed.
+    std::unique_ptr<device_mover> mover;
     progress_engine engine;
 
 private:
@@ -236,6 +284,21 @@ private:
         group->world->abort(world_rank(rank),
                             "rank " + std::to_string(rank) + ": " + label + ": " + what);
         throw timeout_error(rank, label, what, seq);
+    }
+
+    /// Every rank's data must be where rank 0's is (host, or the same device kind):
+    /// checked by every rank, before any data moves.
+    void check_locations(operation op, std::uint64_t seq) {
+        const device ref = group->entry(seq, 0).call.location;
+        for (int q = 1; q < group->size; ++q) {
+            const device d = group->entry(seq, q).call.location;
+            if (d.type != ref.type) {
+                throw mismatch_error(rank, operation_label(op, seq),
+                                     "rank " + std::to_string(q) + " passes data on " +
+                                         to_string(d) + " and rank 0 on " + to_string(ref),
+                                     q, "device");
+            }
+        }
     }
 
     /// Every rank compares every published call with rank 0's, so all ranks throw
@@ -460,6 +523,8 @@ private:
 
     std::vector<const void*> inputs;
     std::vector<void*> outputs;
+    std::vector<const collective_call*> calls;
+    std::vector<void*> events;
 };
 
 } // namespace detail
@@ -505,8 +570,26 @@ public:
         state_->engine.drain();
         int new_rank = 0;
         auto g = state_->split(color, key, new_rank);
-        return thread_communicator(std::move(g), new_rank, state_->options);
+        thread_communicator sub(std::move(g), new_rank, state_->options);
+        if (state_->mover) {
+            sub.attach_device(state_->mover->clone());
+        }
+        return sub;
     }
+
+    /// Device memory: installs the mover that moves it (unison::cuda::attach does).
+    /// Not while operations of this rank are in flight.
+    void attach_device(std::unique_ptr<detail::device_mover> m) {
+        state_->engine.drain();
+        state_->mover = std::move(m);
+    }
+    /// The CUDA stream (a cudaStream_t) this rank's device collectives run on, or
+    /// null when no device is attached.
+    void* device_stream() const noexcept {
+        return state_->mover ? state_->mover->stream() : nullptr;
+    }
+    /// The attached CUDA device, or -1.
+    int device_index() const noexcept { return state_->mover ? state_->mover->device() : -1; }
 
     /// Used by thread_world; users get communicators from thread_world::run.
     thread_communicator(std::shared_ptr<detail::thread_group> group, int rank, comm_options o)

@@ -52,8 +52,10 @@ struct thread_group;
 /// What one rank published for one collective.
 struct alignas(64) rank_entry {
     collective_call call;
-    int color = 0; ///< split only
-    int key = 0;   ///< split only
+    int color = 0;               ///< split only
+    int key = 0;                 ///< split only
+    void* ready_event = nullptr; ///< device data: cudaEvent_t after this rank's inputs
+    void* done_event = nullptr;  ///< device data: cudaEvent_t after this rank's share
     std::shared_ptr<thread_group> split_result;
 };
 
