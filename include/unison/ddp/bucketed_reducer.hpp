@@ -18,6 +18,16 @@
 /// from the order gradients actually became ready on rank 0, broadcast so every
 /// rank builds the same buckets.
 ///
+/// Gradients on a CUDA device (all on one device; the translation unit compiled by
+/// nvcc, since this path launches kernels) are packed by one multi-tensor kernel
+/// per bucket on the compute stream (`use_stream`; the legacy default stream
+/// unless set) once the bucket is complete; the reduction runs on the
+/// communicator's stream (NCCL's, or the thread backend's device stream), ordered
+/// after the pack by an event; `finish()` waits for each reduction (bounded by the
+/// communicator's timeout) and unpacks with one kernel per bucket on the compute
+/// stream. Work enqueued on the compute stream after `finish()` sees the averaged
+/// gradients.
+///
 /// Not thread-safe: call `mark_ready` and `finish` from one thread at a time.
 
 #include "unison/comm/collectives.hpp"
@@ -31,12 +41,24 @@
 #include "unison/ddp/hooks.hpp"
 #include "unison/ddp/policies.hpp"
 
+#if UNISON_HAS_CUDA()
+#include "unison/cuda/device_buffer.hpp"
+#include "unison/cuda/stream.hpp"
+
+#include <cuda_runtime_api.h>
+#endif
+#if defined(__CUDACC__)
+#include "unison/kernels/multi_tensor.cuh"
+#endif
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -144,9 +166,18 @@ public:
             fail("add", "gradient '" + name + "' has dtype " + std::string(to_string(b.type)) +
                             "; gradients are floating point (f64, f32, f16, bf16)");
         }
-        if (!b.location.is_host()) {
-            fail("add", "gradient '" + name +
-                            "' is in device memory; this reducer packs buckets on the host");
+        if (b.location.is_cuda()) {
+#if !defined(__CUDACC__)
+            fail("add", "gradient '" + name + "' is on " + to_string(b.location) +
+                            ": the device path launches kernels, so compile this translation "
+                            "unit with nvcc (a .cu file)");
+#endif
+        }
+        if (!entries_.empty() && b.location != entries_.front().grad.location) {
+            fail("add", "gradient '" + name + "' is on " + to_string(b.location) + " and '" +
+                            entries_.front().name + "' on " +
+                            to_string(entries_.front().grad.location) +
+                            ": one reducer's gradients live on one device");
         }
         if (b.count != 0 && b.data == nullptr) {
             fail("add", "gradient '" + name + "' has " + std::to_string(b.count) +
@@ -169,16 +200,22 @@ public:
     void rebind(std::size_t i, G&& grad) {
         entry& e = at(i, "rebind");
         const buffer b = as_buffer(grad);
-        if (b.count != e.grad.count || b.type != e.grad.type) {
+        if (b.count != e.grad.count || b.type != e.grad.type || b.location != e.grad.location) {
             fail("rebind", "gradient '" + e.name + "' rebound to " + std::to_string(b.count) + " " +
-                               std::string(to_string(b.type)) + " elements; it has " +
-                               std::to_string(e.grad.count) + " " +
-                               std::string(to_string(e.grad.type)));
+                               std::string(to_string(b.type)) + " elements on " +
+                               to_string(b.location) + "; it has " + std::to_string(e.grad.count) +
+                               " " + std::string(to_string(e.grad.type)) + " on " +
+                               to_string(e.grad.location));
         }
         if (e.ready) {
             fail("rebind", "gradient '" + e.name + "' rebound while its reduction is in flight");
         }
         e.grad = b;
+#if defined(__CUDACC__)
+        if (started_ && on_device()) {
+            make_plans(buckets_[e.bucket]);
+        }
+#endif
     }
 
     /// Freezes the registration, checks that every rank registered the same
@@ -196,8 +233,7 @@ public:
         build(order, /*carry_values=*/false);
         if constexpr (config::gradient_memory::in_buckets) {
             for (entry& e : entries_) {
-                detail::convert_scale(slot(e), e.bucket_type, e.grad.data, e.grad.type,
-                                      e.grad.count);
+                scale_cast(slot(e), e.bucket_type, e.grad.data, e.grad.type, e.grad.count, 1.0);
             }
         }
         started_ = true;
@@ -312,7 +348,9 @@ public:
     // ---------------------------------------------------------------- queries
 
     /// Whether the current micro-step synchronizes (the K-th of accumulate_steps<K>).
-    bool sync_step() const noexcept { return micro_step_ + 1 >= config::accumulation::steps; }
+    bool sync_step() const noexcept {
+        return micro_step_ + 1 >= config::accumulation::steps;
+    }
     /// What the reduced sum is divided by in the next synchronizing step: the
     /// contributing ranks under averaging, 1 under `sum_only`.
     double averaging_divisor() const noexcept {
@@ -338,12 +376,16 @@ public:
                                  std::string(to_string(e.bucket_type)) + ", asked for " +
                                  std::string(to_string(dtype_of<T>)));
         }
-        return view<T>{static_cast<T*>(slot(e)), e.grad.count};
+        return view<T>{static_cast<T*>(slot(e)), e.grad.count, e.grad.location};
     }
     /// Bumped whenever bucket memory moves (at the rebuild).
-    std::uint64_t layout_version() const noexcept { return layout_version_; }
+    std::uint64_t layout_version() const noexcept {
+        return layout_version_;
+    }
     /// Whether the buckets were rebuilt from the observed ready order yet.
-    bool rebuilt() const noexcept { return rebuilt_; }
+    bool rebuilt() const noexcept {
+        return rebuilt_;
+    }
 
     /// Registration indices per bucket, in launch order.
     std::vector<std::vector<std::size_t>> bucket_layout() const {
@@ -353,9 +395,15 @@ public:
         }
         return layout;
     }
-    std::size_t bucket_count() const noexcept { return buckets_.size(); }
-    std::size_t gradient_count() const noexcept { return entries_.size(); }
-    const std::string& name(std::size_t i) const { return entries_.at(i).name; }
+    std::size_t bucket_count() const noexcept {
+        return buckets_.size();
+    }
+    std::size_t gradient_count() const noexcept {
+        return entries_.size();
+    }
+    const std::string& name(std::size_t i) const {
+        return entries_.at(i).name;
+    }
 
     /// Bucket sizes in bytes used by start() and the rebuild (overrides the
     /// policies; for tuning sweeps). Before start() only.
@@ -370,8 +418,27 @@ public:
         bucket_bytes_ = bytes;
     }
 
-    hook_type& hook() noexcept { return hook_; }
-    C& communicator() noexcept { return *comm_; }
+    hook_type& hook() noexcept {
+        return hook_;
+    }
+    C& communicator() noexcept {
+        return *comm_;
+    }
+
+#if UNISON_HAS_CUDA()
+    /// Device gradients: the stream backward produces them on, on which packing and
+    /// unpacking run (the legacy default stream unless set).
+    void use_stream(cudaStream_t compute) noexcept {
+        compute_ = compute;
+    }
+    cudaStream_t compute_stream() const noexcept {
+        return compute_;
+    }
+#endif
+    /// Where the gradients live (host, or the CUDA device of all of them).
+    device location() const noexcept {
+        return entries_.empty() ? device::host() : entries_.front().grad.location;
+    }
 
 private:
     struct entry {
@@ -381,14 +448,37 @@ private:
         std::size_t bucket = 0;
         std::size_t offset = 0; // elements into the bucket
         bool ready = false;
+        bool zero = false; // device gradients: contributes zero this step
     };
     struct bucket {
         dtype type = dtype::f32;
         std::vector<std::size_t> members;
         std::size_t count = 0;
-        detail::aligned_bytes storage;
+        detail::aligned_bytes storage; ///< host gradients
+#if UNISON_HAS_CUDA()
+        cuda::device_buffer<std::uint8_t> device_storage; ///< device gradients
+#endif
+#if defined(__CUDACC__)
+        /// Device gradients: pack (grads -> bucket) and unpack (bucket -> grads)
+        /// tables, one pair per gradient dtype among the members.
+        struct plans {
+            dtype grad_type;
+            kernels::multi_tensor_plan pack, unpack;
+        };
+        std::vector<plans> device_plans;
+#endif
         std::size_t pending = 0;
+        bool any_zero = false; ///< a member contributes zero this step
         std::optional<request_type> request;
+        std::byte* data() const noexcept {
+#if UNISON_HAS_CUDA()
+            if (device_storage.size() != 0) {
+                return reinterpret_cast<std::byte*>(
+                    const_cast<std::uint8_t*>(device_storage.data()));
+            }
+#endif
+            return storage.data();
+        }
     };
 
     [[noreturn]] void fail(const char* what, const std::string& detail) const {
@@ -407,15 +497,49 @@ private:
         return entries_[i];
     }
     void* slot(const entry& e) const noexcept {
-        return buckets_[e.bucket].storage.data() + e.offset * size_of(e.bucket_type);
+        return buckets_[e.bucket].data() + e.offset * size_of(e.bucket_type);
     }
     bucket_ref ref(std::size_t k) {
         bucket& b = buckets_[k];
-        return bucket_ref{k, buffer{b.storage.data(), b.count, b.type}, b.members};
+        return bucket_ref{k, buffer{b.data(), b.count, b.type, location()}, b.members};
+    }
+    bool on_device() const noexcept {
+        return location().is_cuda();
     }
 
-    double pre_scale() const noexcept { return 1.0 / config::averaging::factor; }
-    double post_scale() const noexcept { return config::averaging::factor / averaging_divisor(); }
+    // Element loops on the gradients' memory: host loops, or kernels on the compute
+    // stream (kernels/element.hpp holds the math both run).
+    void scale_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n,
+                    double scale) {
+#if defined(__CUDACC__)
+        if (on_device()) {
+            if (dst != src || scale != 1.0 || dst_type != src_type) {
+                kernels::scale_cast(dst, dst_type, src, src_type, n, scale, false, compute_);
+            }
+            return;
+        }
+#endif
+        detail::convert_scale(dst, dst_type, src, src_type, n, scale);
+    }
+    void zero(void* dst, dtype type, std::size_t n) {
+#if UNISON_HAS_CUDA()
+        if (on_device()) {
+            if (n != 0) {
+                UNISON_CHECK_CUDA(cudaMemsetAsync(dst, 0, n * size_of(type), compute_),
+                                  comm_->rank(), "bucketed_reducer");
+            }
+            return;
+        }
+#endif
+        detail::fill_zero(dst, type, n);
+    }
+
+    double pre_scale() const noexcept {
+        return 1.0 / config::averaging::factor;
+    }
+    double post_scale() const noexcept {
+        return config::averaging::factor / averaging_divisor();
+    }
 
     void make_ready(std::size_t i, bool zero) {
         entry& e = entries_[i];
@@ -424,7 +548,11 @@ private:
             ready_order_.push_back(i);
         }
         void* dst = slot(e);
-        if (zero) {
+        if (on_device()) {
+            // Packed per bucket at launch (one kernel); zeros written then too.
+            buckets_[e.bucket].any_zero = buckets_[e.bucket].any_zero || zero;
+            e.zero = zero;
+        } else if (zero) {
             detail::fill_zero(dst, e.bucket_type, e.grad.count);
         } else if constexpr (config::gradient_memory::in_buckets) {
             if (pre_scale() != 1.0) {
@@ -441,7 +569,11 @@ private:
     void launch_ready_buckets() {
         while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
             const std::size_t k = next_launch_++;
-            buckets_[k].request.emplace(hook_.launch(*comm_, ref(k)));
+            if (on_device()) {
+                pack_on_device(k);
+            }
+            request_type r = hook_.launch(*comm_, ref(k));
+            buckets_[k].request = std::move(r);
         }
     }
 
@@ -453,6 +585,10 @@ private:
     }
 
     void unpack(bucket& b, double post) {
+        if (on_device()) {
+            unpack_on_device(b, post);
+            return;
+        }
         for (std::size_t g : b.members) {
             entry& e = entries_[g];
             void* src = slot(e);
@@ -471,10 +607,12 @@ private:
     void reset_step() {
         for (entry& e : entries_) {
             e.ready = false;
+            e.zero = false;
         }
         for (bucket& b : buckets_) {
             b.request.reset();
             b.pending = b.members.size();
+            b.any_zero = false;
         }
         next_launch_ = 0;
         next_poll_ = 0;
@@ -504,27 +642,157 @@ private:
                 placed[g].offset = b.count;
                 b.count += entries_[g].grad.count;
             }
-            b.storage = detail::aligned_bytes(b.count * size_of(b.type));
+            if (on_device()) {
+#if UNISON_HAS_CUDA()
+                b.device_storage =
+                    cuda::device_buffer<std::uint8_t>(b.count * size_of(b.type), location().index);
+#endif
+            } else {
+                b.storage = detail::aligned_bytes(b.count * size_of(b.type));
+            }
             b.pending = b.members.size();
         }
         if (carry_values) {
             for (std::size_t g = 0; g < entries_.size(); ++g) {
                 const entry& from = entries_[g];
                 const entry& to = placed[g];
-                detail::convert_scale(
-                    fresh[to.bucket].storage.data() + to.offset * size_of(to.bucket_type),
-                    to.bucket_type, slot(from), from.bucket_type, from.grad.count);
+                scale_cast(fresh[to.bucket].data() + to.offset * size_of(to.bucket_type),
+                           to.bucket_type, slot(from), from.bucket_type, from.grad.count, 1.0);
             }
         }
+#if UNISON_HAS_CUDA()
+        if (on_device() && carry_values) {
+            // The old buckets are freed below: let the copies out of them finish.
+            UNISON_CHECK_CUDA(cudaStreamSynchronize(compute_), comm_->rank(),
+                              "bucketed_reducer rebuild");
+        }
+#endif
         buckets_ = std::move(fresh);
         entries_ = std::move(placed);
+#if defined(__CUDACC__)
+        if (on_device()) {
+            for (bucket& b : buckets_) {
+                make_plans(b);
+            }
+        }
+#endif
         ++layout_version_;
     }
+
+    /// Device gradients: bucket k's members become its bucket slots, one kernel per
+    /// gradient dtype among them; zero contributions are written after; then the
+    /// communicator's stream waits for the compute stream.
+    void pack_on_device(std::size_t k) {
+#if defined(__CUDACC__)
+        bucket& b = buckets_[k];
+        const double pre = pre_scale();
+        if constexpr (config::gradient_memory::in_buckets) {
+            if (pre != 1.0) {
+                kernels::scale_cast(b.data(), b.type, b.data(), b.type, b.count, pre, false,
+                                    compute_);
+            }
+        } else if (!b.any_zero) {
+            for (const auto& p : b.device_plans) {
+                kernels::multi_scale_cast(p.pack, b.type, p.grad_type, pre, false, compute_);
+            }
+        } else {
+            for (std::size_t g : b.members) {
+                const entry& e = entries_[g];
+                if (!e.zero) {
+                    kernels::scale_cast(slot(e), e.bucket_type, e.grad.data, e.grad.type,
+                                        e.grad.count, pre, false, compute_);
+                }
+            }
+        }
+        for (std::size_t g : b.members) {
+            const entry& e = entries_[g];
+            if (e.zero) {
+                zero(slot(e), e.bucket_type, e.grad.count);
+            }
+        }
+        order_comm_after_compute();
+#else
+        (void)k;
+#endif
+    }
+
+    void unpack_on_device(bucket& b, double post) {
+#if defined(__CUDACC__)
+        if constexpr (config::gradient_memory::in_buckets) {
+            if (post != 1.0) {
+                kernels::scale_cast(b.data(), b.type, b.data(), b.type, b.count, post, false,
+                                    compute_);
+            }
+        } else {
+            for (const auto& p : b.device_plans) {
+                kernels::multi_scale_cast(p.unpack, p.grad_type, b.type, post, false, compute_);
+            }
+        }
+#else
+        (void)b;
+        (void)post;
+#endif
+    }
+
+#if defined(__CUDACC__)
+    void make_plans(bucket& b) {
+        b.device_plans.clear();
+        std::vector<dtype> types;
+        for (std::size_t g : b.members) {
+            if (std::find(types.begin(), types.end(), entries_[g].grad.type) == types.end()) {
+                types.push_back(entries_[g].grad.type);
+            }
+        }
+        cuda::device_guard guard(location().index);
+        for (dtype t : types) {
+            std::vector<kernels::copy_piece> pack, unpack;
+            for (std::size_t g : b.members) {
+                const entry& e = entries_[g];
+                if (e.grad.type == t) {
+                    pack.push_back({e.grad.data, slot(e), e.grad.count});
+                    unpack.push_back({slot(e), e.grad.data, e.grad.count});
+                }
+            }
+            b.device_plans.push_back(
+                {t, kernels::multi_tensor_plan(pack), kernels::multi_tensor_plan(unpack)});
+        }
+    }
+#endif
+
+    /// The communicator's stream waits (on the device) for the compute stream.
+    void order_comm_after_compute() {
+#if UNISON_HAS_CUDA()
+        if (!packed_) {
+            packed_.emplace();
+        }
+        packed_->record(compute_);
+        packed_->make_wait(comm_stream());
+#endif
+    }
+
+#if UNISON_HAS_CUDA()
+    cudaStream_t comm_stream() {
+        if constexpr (requires(C & c) { c.stream(); }) {
+            return comm_->stream();
+        } else if constexpr (requires(C & c) { c.device_stream(); }) {
+            auto* s = static_cast<cudaStream_t>(comm_->device_stream());
+            if (s == nullptr) {
+                fail("finish", "the gradients are on " + to_string(location()) +
+                                   " and the communicator has no device attached "
+                                   "(unison::cuda::attach)");
+            }
+            return s;
+        } else {
+            fail("finish", "the gradients are on " + to_string(location()) +
+                               " and this communicator moves host memory only");
+        }
+    }
+#endif
 
     /// Rebuilds the buckets from rank 0's observed ready order, once.
     void rebuild() {
         std::vector<std::int64_t> order(ready_order_.begin(), ready_order_.end());
-        broadcast(*comm_, order, 0);
+        control_broadcast(order);
         std::vector<std::size_t> chosen;
         std::vector<bool> seen(entries_.size(), false);
         for (std::int64_t g : order) {
@@ -541,6 +809,36 @@ private:
         rebuilt_ = true;
     }
 
+    // Small host collectives of the bookkeeping (layout check, rebuilt order). A
+    // communicator that moves device memory only (NCCL: it has stream()) gets them
+    // staged through the gradients' device.
+    void control_broadcast(std::vector<std::int64_t>& v) {
+#if UNISON_HAS_CUDA()
+        if constexpr (requires(C & c) { c.stream(); }) {
+            cuda::device_guard guard(location().index);
+            cuda::device_buffer<std::int64_t> d(std::span<const std::int64_t>(v), location().index);
+            broadcast(*comm_, d, 0);
+            d.copy_to(v);
+            return;
+        }
+#endif
+        broadcast(*comm_, v, 0);
+    }
+    void control_all_gather(const std::vector<std::int64_t>& mine, std::vector<std::int64_t>& all) {
+#if UNISON_HAS_CUDA()
+        if constexpr (requires(C & c) { c.stream(); }) {
+            cuda::device_guard guard(location().index);
+            cuda::device_buffer<std::int64_t> in(std::span<const std::int64_t>(mine),
+                                                 location().index);
+            cuda::device_buffer<std::int64_t> out(all.size(), location().index);
+            all_gather(*comm_, in, out);
+            out.copy_to(all);
+            return;
+        }
+#endif
+        all_gather(*comm_, mine, all);
+    }
+
     /// Every rank must register the same gradients: compare a count and a hash of
     /// the (count, dtype) list across ranks.
     void verify_layout() {
@@ -554,7 +852,7 @@ private:
         const std::vector<std::int64_t> mine{static_cast<std::int64_t>(entries_.size()),
                                              static_cast<std::int64_t>(hash)};
         std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm_->size()));
-        all_gather(*comm_, mine, all);
+        control_all_gather(mine, all);
         for (int r = 0; r < comm_->size(); ++r) {
             const auto n = all[2 * static_cast<std::size_t>(r)];
             const auto h = all[2 * static_cast<std::size_t>(r) + 1];
@@ -584,6 +882,10 @@ private:
     std::uint64_t layout_version_ = 0;
     bool started_ = false;
     bool rebuilt_ = false;
+#if UNISON_HAS_CUDA()
+    cudaStream_t compute_ = nullptr;
+    std::optional<cuda::event> packed_;
+#endif
 };
 
 } // namespace unison
