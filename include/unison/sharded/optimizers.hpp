@@ -61,23 +61,27 @@ namespace detail {
 /// (decoupled decay applied to p first).
 template <class A>
 struct adam_constants {
-    A beta1, beta2, eps, step_size, bias_correction2_sqrt, decay, l2;
+    A beta1, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bias_correction2_sqrt, decay,
+        l2;
 };
 
+/// The per-step constants, computed in double and rounded to A once each (as
+/// PyTorch computes them in Python floats): 1 - beta2 from float(beta2) would be
+/// 1.3e-5 off for beta2 = 0.999.
 template <class A>
 adam_constants<A> adam_prepare(double lr, double beta1, double beta2, double eps,
                                double weight_decay, std::uint64_t step, bool decoupled) {
-    const A t = static_cast<A>(step);
-    const A b1 = static_cast<A>(beta1), b2 = static_cast<A>(beta2), l = static_cast<A>(lr);
-    const A wd = static_cast<A>(weight_decay);
+    const double t = static_cast<double>(step);
     adam_constants<A> c{};
-    c.beta1 = b1;
-    c.beta2 = b2;
+    c.beta1 = static_cast<A>(beta1);
+    c.beta2 = static_cast<A>(beta2);
+    c.one_minus_beta1 = static_cast<A>(1.0 - beta1);
+    c.one_minus_beta2 = static_cast<A>(1.0 - beta2);
     c.eps = static_cast<A>(eps);
-    c.step_size = l / (A(1) - std::pow(b1, t));
-    c.bias_correction2_sqrt = std::sqrt(A(1) - std::pow(b2, t));
-    c.decay = decoupled ? A(1) - l * wd : A(1);
-    c.l2 = decoupled ? A(0) : wd;
+    c.step_size = static_cast<A>(lr / (1.0 - std::pow(beta1, t)));
+    c.bias_correction2_sqrt = static_cast<A>(std::sqrt(1.0 - std::pow(beta2, t)));
+    c.decay = static_cast<A>(decoupled ? 1.0 - lr * weight_decay : 1.0);
+    c.l2 = static_cast<A>(decoupled ? 0.0 : weight_decay);
     return c;
 }
 
@@ -86,8 +90,8 @@ UNISON_HOST_DEVICE void adam_update(const adam_constants<A>& c, A& p, A g, A& m,
     using std::sqrt;
     g = g + c.l2 * p;
     p *= c.decay;
-    m += (A(1) - c.beta1) * (g - m);
-    v = c.beta2 * v + (A(1) - c.beta2) * g * g;
+    m += c.one_minus_beta1 * (g - m);
+    v = c.beta2 * v + c.one_minus_beta2 * g * g;
     const A denom = sqrt(v) / c.bias_correction2_sqrt + c.eps;
     p -= c.step_size * (m / denom);
 }
