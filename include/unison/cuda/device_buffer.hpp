@@ -70,13 +70,16 @@ public:
     unison::view<T> view() noexcept { return {data_, count_, device::cuda(dev_)}; }
     unison::view<const T> view() const noexcept { return {data_, count_, device::cuda(dev_)}; }
 
-    /// Copies `host` (exactly size() elements) in; synchronous.
+    /// Copies `host` (exactly size() elements) in; returns once the copy has landed
+    /// (a plain cudaMemcpy from pageable memory may return before its DMA completes,
+    /// and a kernel on a non-blocking stream would not wait for it).
     void copy_from(std::span<const T> host) {
         check_size(host.size(), "copy_from");
         if (count_ != 0) {
-            UNISON_CHECK_CUDA(
-                cudaMemcpy(data_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice), -1,
-                "device_buffer::copy_from");
+            UNISON_CHECK_CUDA(cudaMemcpyAsync(data_, host.data(), count_ * sizeof(T),
+                                              cudaMemcpyHostToDevice, nullptr),
+                              -1, "device_buffer::copy_from");
+            UNISON_CHECK_CUDA(cudaStreamSynchronize(nullptr), -1, "device_buffer::copy_from");
         }
     }
     /// Copies the elements out to `host` (exactly size() elements); synchronous.

@@ -118,7 +118,7 @@ public:
     multi_tensor_plan() = default;
 
     /// Tables for `pieces` (copies, or reads with `dst` null), uploaded to the
-    /// current device (synchronous).
+    /// current device; returns once they are there.
     explicit multi_tensor_plan(std::span<const copy_piece> pieces) {
         build(pieces);
         if (chunk_count_ == 0) {
@@ -127,8 +127,12 @@ public:
         void* p = nullptr;
         UNISON_CHECK_CUDA(cudaMalloc(&p, host_.size()), -1, "multi_tensor_plan");
         storage_.reset(p);
-        UNISON_CHECK_CUDA(cudaMemcpy(p, host_.data(), host_.size(), cudaMemcpyHostToDevice), -1,
-                          "multi_tensor_plan");
+        // Complete before returning: a plain cudaMemcpy from pageable memory may return
+        // before its DMA lands, and launches on non-blocking streams would not wait.
+        UNISON_CHECK_CUDA(
+            cudaMemcpyAsync(p, host_.data(), host_.size(), cudaMemcpyHostToDevice, nullptr), -1,
+            "multi_tensor_plan");
+        UNISON_CHECK_CUDA(cudaStreamSynchronize(nullptr), -1, "multi_tensor_plan");
         host_.clear();
         host_.shrink_to_fit();
     }

@@ -46,12 +46,16 @@ __global__ void __launch_bounds__(block_threads)
         for (std::size_t k = tid; k < nv; k += stride) {
             // Registers for V elements, stepped by the shared element function
             // through a shard_ref that points at them.
-            vec<P, V> p = reinterpret_cast<const vec<P, V>*>(s.param)[k];
-            const vec<G, V> g = reinterpret_cast<const vec<G, V>*>(s.grad)[k];
-            vec<A, V> m{};
+            // With master weights the parameter is only written (28 bytes per
+            // element for AdamW in either case).
+            vec<P, V> p;
+            vec<A, V> m;
             if (s.master != nullptr) {
                 m = reinterpret_cast<const vec<A, V>*>(s.master)[k];
+            } else {
+                p = reinterpret_cast<const vec<P, V>*>(s.param)[k];
             }
+            const vec<G, V> g = reinterpret_cast<const vec<G, V>*>(s.grad)[k];
             vec<A, V> st[Slots > 0 ? Slots : 1];
 #pragma unroll
             for (std::size_t j = 0; j < Slots; ++j) {
