@@ -41,10 +41,9 @@
 #include "unison/ddp/hooks.hpp"
 #include "unison/ddp/policies.hpp"
 
-#if UNISON_HAS_CUDA()
-#include "unison/cuda/device_buffer.hpp"
-#include "unison/cuda/stream.hpp"
+#include "unison/comm/detail/placement.hpp"
 
+#if UNISON_HAS_CUDA()
 #include <cuda_runtime_api.h>
 #endif
 #if defined(__CUDACC__)
@@ -147,11 +146,11 @@ public:
 
     // ----------------------------------------------------------- registration
 
-    /// Registers a gradient (floating point, host memory) and returns its index, the
-    /// `i` of `mark_ready(i)`. Every rank registers the same gradients in the same
-    /// order (`start()` checks). With `gradients_in_buckets`, `grad`'s values are
-    /// copied into the bucket at `start()` and from then on `gradient(i)` is the
-    /// gradient; otherwise `grad` must stay valid (see `rebind`).
+    /// Registers a gradient (floating point; host memory, or one CUDA device for all
+    /// gradients) and returns its index, the `i` of `mark_ready(i)`. Every rank
+    /// registers the same gradients in the same order (`start()` checks). With
+    /// `gradients_in_buckets`, `grad`'s values are copied into the bucket at `start()` and from
+    /// then on `gradient(i)` is the gradient; otherwise `grad` must stay valid (see `rebind`).
     template <writable_tensor G>
     std::size_t add(G&& grad, std::string name = {}) {
         const buffer b = as_buffer(grad);
@@ -167,11 +166,8 @@ public:
                             "; gradients are floating point (f64, f32, f16, bf16)");
         }
         if (b.location.is_cuda()) {
-#if !defined(__CUDACC__)
-            fail("add", "gradient '" + name + "' is on " + to_string(b.location) +
-                            ": the device path launches kernels, so compile this translation "
-                            "unit with nvcc (a .cu file)");
-#endif
+            detail::placement::require_device_code(comm_->rank(), "bucketed_reducer add",
+                                                   b.location);
         }
         if (!entries_.empty() && b.location != entries_.front().grad.location) {
             fail("add", "gradient '" + name + "' is on " + to_string(b.location) + " and '" +
@@ -233,7 +229,8 @@ public:
         build(order, /*carry_values=*/false);
         if constexpr (config::gradient_memory::in_buckets) {
             for (entry& e : entries_) {
-                scale_cast(slot(e), e.bucket_type, e.grad.data, e.grad.type, e.grad.count, 1.0);
+                detail::place_scale_cast(place(), slot(e), e.bucket_type, e.grad.data, e.grad.type,
+                                         e.grad.count);
             }
         }
         started_ = true;
@@ -432,7 +429,7 @@ public:
         compute_ = compute;
     }
     cudaStream_t compute_stream() const noexcept {
-        return compute_;
+        return static_cast<cudaStream_t>(compute_);
     }
 #endif
     /// Where the gradients live (host, or the CUDA device of all of them).
@@ -454,10 +451,7 @@ private:
         dtype type = dtype::f32;
         std::vector<std::size_t> members;
         std::size_t count = 0;
-        detail::aligned_bytes storage; ///< host gradients
-#if UNISON_HAS_CUDA()
-        cuda::device_buffer<std::uint8_t> device_storage; ///< device gradients
-#endif
+        detail::flat_bytes storage; ///< where the gradients are
 #if defined(__CUDACC__)
         /// Device gradients: pack (grads -> bucket) and unpack (bucket -> grads)
         /// tables, one pair per gradient dtype among the members.
@@ -471,12 +465,6 @@ private:
         bool any_zero = false; ///< a member contributes zero this step
         std::optional<request_type> request;
         std::byte* data() const noexcept {
-#if UNISON_HAS_CUDA()
-            if (device_storage.size() != 0) {
-                return reinterpret_cast<std::byte*>(
-                    const_cast<std::uint8_t*>(device_storage.data()));
-            }
-#endif
             return storage.data();
         }
     };
@@ -507,31 +495,8 @@ private:
         return location().is_cuda();
     }
 
-    // Element loops on the gradients' memory: host loops, or kernels on the compute
-    // stream (kernels/element.hpp holds the math both run).
-    void scale_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n,
-                    double scale) {
-#if defined(__CUDACC__)
-        if (on_device()) {
-            if (dst != src || scale != 1.0 || dst_type != src_type) {
-                kernels::scale_cast(dst, dst_type, src, src_type, n, scale, false, compute_);
-            }
-            return;
-        }
-#endif
-        detail::convert_scale(dst, dst_type, src, src_type, n, scale);
-    }
-    void zero(void* dst, dtype type, std::size_t n) {
-#if UNISON_HAS_CUDA()
-        if (on_device()) {
-            if (n != 0) {
-                UNISON_CHECK_CUDA(cudaMemsetAsync(dst, 0, n * size_of(type), compute_),
-                                  comm_->rank(), "bucketed_reducer");
-            }
-            return;
-        }
-#endif
-        detail::fill_zero(dst, type, n);
+    detail::placement place() const noexcept {
+        return {location(), compute_};
     }
 
     double pre_scale() const noexcept {
@@ -642,28 +607,22 @@ private:
                 placed[g].offset = b.count;
                 b.count += entries_[g].grad.count;
             }
-            if (on_device()) {
-#if UNISON_HAS_CUDA()
-                b.device_storage =
-                    cuda::device_buffer<std::uint8_t>(b.count * size_of(b.type), location().index);
-#endif
-            } else {
-                b.storage = detail::aligned_bytes(b.count * size_of(b.type));
-            }
+            b.storage = detail::flat_bytes(b.count * size_of(b.type), location());
             b.pending = b.members.size();
         }
         if (carry_values) {
             for (std::size_t g = 0; g < entries_.size(); ++g) {
                 const entry& from = entries_[g];
                 const entry& to = placed[g];
-                scale_cast(fresh[to.bucket].data() + to.offset * size_of(to.bucket_type),
-                           to.bucket_type, slot(from), from.bucket_type, from.grad.count, 1.0);
+                detail::place_scale_cast(
+                    place(), fresh[to.bucket].data() + to.offset * size_of(to.bucket_type),
+                    to.bucket_type, slot(from), from.bucket_type, from.grad.count);
             }
         }
 #if UNISON_HAS_CUDA()
         if (on_device() && carry_values) {
             // The old buckets are freed below: let the copies out of them finish.
-            UNISON_CHECK_CUDA(cudaStreamSynchronize(compute_), comm_->rank(),
+            UNISON_CHECK_CUDA(cudaStreamSynchronize(compute_stream()), comm_->rank(),
                               "bucketed_reducer rebuild");
         }
 #endif
@@ -689,28 +648,29 @@ private:
         if constexpr (config::gradient_memory::in_buckets) {
             if (pre != 1.0) {
                 kernels::scale_cast(b.data(), b.type, b.data(), b.type, b.count, pre, false,
-                                    compute_);
+                                    compute_stream());
             }
         } else if (!b.any_zero) {
             for (const auto& p : b.device_plans) {
-                kernels::multi_scale_cast(p.pack, b.type, p.grad_type, pre, false, compute_);
+                kernels::multi_scale_cast(p.pack, b.type, p.grad_type, pre, false,
+                                          compute_stream());
             }
         } else {
             for (std::size_t g : b.members) {
                 const entry& e = entries_[g];
                 if (!e.zero) {
                     kernels::scale_cast(slot(e), e.bucket_type, e.grad.data, e.grad.type,
-                                        e.grad.count, pre, false, compute_);
+                                        e.grad.count, pre, false, compute_stream());
                 }
             }
         }
         for (std::size_t g : b.members) {
             const entry& e = entries_[g];
             if (e.zero) {
-                zero(slot(e), e.bucket_type, e.grad.count);
+                detail::place_zero(place(), slot(e), e.bucket_type, e.grad.count);
             }
         }
-        order_comm_after_compute();
+        fence_.order(place(), *comm_, "bucketed_reducer");
 #else
         (void)k;
 #endif
@@ -721,11 +681,12 @@ private:
         if constexpr (config::gradient_memory::in_buckets) {
             if (post != 1.0) {
                 kernels::scale_cast(b.data(), b.type, b.data(), b.type, b.count, post, false,
-                                    compute_);
+                                    compute_stream());
             }
         } else {
             for (const auto& p : b.device_plans) {
-                kernels::multi_scale_cast(p.unpack, p.grad_type, b.type, post, false, compute_);
+                kernels::multi_scale_cast(p.unpack, p.grad_type, b.type, post, false,
+                                          compute_stream());
             }
         }
 #else
@@ -759,40 +720,10 @@ private:
     }
 #endif
 
-    /// The communicator's stream waits (on the device) for the compute stream.
-    void order_comm_after_compute() {
-#if UNISON_HAS_CUDA()
-        if (!packed_) {
-            packed_.emplace();
-        }
-        packed_->record(compute_);
-        packed_->make_wait(comm_stream());
-#endif
-    }
-
-#if UNISON_HAS_CUDA()
-    cudaStream_t comm_stream() {
-        if constexpr (requires(C & c) { c.stream(); }) {
-            return comm_->stream();
-        } else if constexpr (requires(C & c) { c.device_stream(); }) {
-            auto* s = static_cast<cudaStream_t>(comm_->device_stream());
-            if (s == nullptr) {
-                fail("finish", "the gradients are on " + to_string(location()) +
-                                   " and the communicator has no device attached "
-                                   "(unison::cuda::attach)");
-            }
-            return s;
-        } else {
-            fail("finish", "the gradients are on " + to_string(location()) +
-                               " and this communicator moves host memory only");
-        }
-    }
-#endif
-
     /// Rebuilds the buckets from rank 0's observed ready order, once.
     void rebuild() {
         std::vector<std::int64_t> order(ready_order_.begin(), ready_order_.end());
-        control_broadcast(order);
+        detail::control_broadcast(*comm_, std::span<std::int64_t>(order), 0);
         std::vector<std::size_t> chosen;
         std::vector<bool> seen(entries_.size(), false);
         for (std::int64_t g : order) {
@@ -809,36 +740,6 @@ private:
         rebuilt_ = true;
     }
 
-    // Small host collectives of the bookkeeping (layout check, rebuilt order). A
-    // communicator that moves device memory only (NCCL: it has stream()) gets them
-    // staged through the gradients' device.
-    void control_broadcast(std::vector<std::int64_t>& v) {
-#if UNISON_HAS_CUDA()
-        if constexpr (requires(C & c) { c.stream(); }) {
-            cuda::device_guard guard(location().index);
-            cuda::device_buffer<std::int64_t> d(std::span<const std::int64_t>(v), location().index);
-            broadcast(*comm_, d, 0);
-            d.copy_to(v);
-            return;
-        }
-#endif
-        broadcast(*comm_, v, 0);
-    }
-    void control_all_gather(const std::vector<std::int64_t>& mine, std::vector<std::int64_t>& all) {
-#if UNISON_HAS_CUDA()
-        if constexpr (requires(C & c) { c.stream(); }) {
-            cuda::device_guard guard(location().index);
-            cuda::device_buffer<std::int64_t> in(std::span<const std::int64_t>(mine),
-                                                 location().index);
-            cuda::device_buffer<std::int64_t> out(all.size(), location().index);
-            all_gather(*comm_, in, out);
-            out.copy_to(all);
-            return;
-        }
-#endif
-        all_gather(*comm_, mine, all);
-    }
-
     /// Every rank must register the same gradients: compare a count and a hash of
     /// the (count, dtype) list across ranks.
     void verify_layout() {
@@ -852,7 +753,8 @@ private:
         const std::vector<std::int64_t> mine{static_cast<std::int64_t>(entries_.size()),
                                              static_cast<std::int64_t>(hash)};
         std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm_->size()));
-        control_all_gather(mine, all);
+        detail::control_all_gather(*comm_, std::span<const std::int64_t>(mine),
+                                   std::span<std::int64_t>(all));
         for (int r = 0; r < comm_->size(); ++r) {
             const auto n = all[2 * static_cast<std::size_t>(r)];
             const auto h = all[2 * static_cast<std::size_t>(r) + 1];
@@ -882,10 +784,8 @@ private:
     std::uint64_t layout_version_ = 0;
     bool started_ = false;
     bool rebuilt_ = false;
-#if UNISON_HAS_CUDA()
-    cudaStream_t compute_ = nullptr;
-    std::optional<cuda::event> packed_;
-#endif
+    void* compute_ = nullptr; ///< cudaStream_t of device packing and unpacking
+    detail::stream_fence fence_;
 };
 
 } // namespace unison

@@ -89,12 +89,6 @@ private:
     };
 
     void add_state(const buffer& b, std::string name) {
-        if (!b.location.is_host()) {
-            throw argument_error(comm_->rank(), "ddp add_parameter",
-                                 "'" + name +
-                                     "' is in device memory; this ddp broadcasts from "
-                                     "host memory");
-        }
         states_.push_back(state{b, std::move(name), false});
     }
 
@@ -124,6 +118,10 @@ private:
                 continue;
             }
             const std::size_t bytes = s.data.count * size_of(s.data.type);
+            if (!s.data.location.is_host()) { // device memory: in place, one tensor per call
+                broadcast(*comm_, buffer{s.data.data, bytes, dtype::u8, s.data.location}, root);
+                continue;
+            }
             if (!chunk.empty() && chunk.size() + bytes > broadcast_chunk_bytes) {
                 flush();
             }

@@ -18,10 +18,12 @@
 
 #include "unison/comm/collectives.hpp"
 #include "unison/core/detail/convert.hpp"
+#include "unison/core/error.hpp"
 #include "unison/core/tensor.hpp"
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace unison {
@@ -47,7 +49,7 @@ struct all_reduce_hook {
 
 /// Compression: the bucket is cast to `Wire` (f16 or bf16) into a staging buffer,
 /// reduced there, and cast back on completion; the gradients and the bucket keep
-/// their own dtype. Like PyTorch's fp16_compress_hook.
+/// their own dtype. Like PyTorch's fp16_compress_hook. Host gradients only.
 template <dtype Wire>
 class compress_hook {
 public:
@@ -56,6 +58,12 @@ public:
 
     template <communicator C>
     typename C::request_type launch(C& comm, const bucket_ref& bucket) {
+        if (!bucket.data.location.is_host()) {
+            throw argument_error(comm.rank(), "compress_hook",
+                                 "the bucket is on " + to_string(bucket.data.location) +
+                                     " and this hook casts on the host; for device gradients "
+                                     "reduce in 16 bits with policy::reduce_dtype instead");
+        }
         if (staging_.size() <= bucket.index) {
             staging_.resize(bucket.index + 1);
         }
