@@ -219,6 +219,12 @@ void agree(C& comm, const std::string& what, F&& work) {
 
 template <class SP, class Opt>
 void save_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
+    if (!sp.location().is_host()) {
+        sp.fail("save_checkpoint",
+                "the shards are on " + to_string(sp.location()) +
+                    "; checkpoints read and write host memory (device-resident shards "
+                    "are not supported by checkpoints yet)");
+    }
     auto& comm = sp.communicator();
     const int writers = sp.shard_size();
     const bool writer = sp.replica_index() == 0;
@@ -317,6 +323,12 @@ void save_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
 
 template <class SP, class Opt>
 void load_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
+    if (!sp.location().is_host()) {
+        sp.fail("load_checkpoint",
+                "the shards are on " + to_string(sp.location()) +
+                    "; checkpoints read and write host memory (device-resident shards "
+                    "are not supported by checkpoints yet)");
+    }
     auto& comm = sp.communicator();
     struct staged {
         std::byte* dst;

@@ -19,12 +19,18 @@
 /// and stages 1-2 then all-gather the new parameters.
 
 #include "unison/comm/collectives.hpp"
+#include "unison/comm/detail/placement.hpp"
 #include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/convert.hpp"
 #include "unison/core/error.hpp"
 #include "unison/kernels/host.hpp"
 #include "unison/sharded/optimizers.hpp"
 #include "unison/sharded/sharded_parameters.hpp"
+
+#if defined(__CUDACC__)
+#include "unison/kernels/norm.cuh"
+#include "unison/kernels/optimizer.cuh"
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -89,10 +95,8 @@ public:
         for (std::size_t k = 0; k < params.unit_count(); ++k) {
             const std::size_t n = params.update_range(k).size();
             for (std::size_t s = 0; s < O::slots; ++s) {
-                detail::aligned_bytes b(n * size_of(state_dtype));
-                if (n != 0) {
-                    std::memset(b.data(), 0, b.size());
-                }
+                detail::flat_bytes b(n * size_of(state_dtype), params.location());
+                detail::place_zero(place(), b.data(), dtype::u8, b.size());
                 state_.push_back(std::move(b));
             }
         }
@@ -121,10 +125,14 @@ public:
         double sum_sq = 0.0, nonfinite = 0.0;
         if (need_stats) {
             std::vector<double> stats{0.0, 0.0};
-            for (std::size_t k = 0; k < params_->unit_count(); ++k) {
-                gradient_stats(k, stats[0], stats[1]);
+            if (place().on_device()) {
+                device_gradient_stats(stats);
+            } else {
+                for (std::size_t k = 0; k < params_->unit_count(); ++k) {
+                    gradient_stats(k, stats[0], stats[1]);
+                }
+                all_reduce(params_->shard_comm(), stats);
             }
-            all_reduce(params_->shard_comm(), stats);
             sum_sq = stats[0];
             nonfinite = stats[1];
         }
@@ -206,6 +214,37 @@ public:
     Params& parameters() noexcept { return *params_; }
 
 private:
+    detail::placement place() const noexcept { return params_->placement_of(); }
+
+    /// Device state: one multi-tensor norm over every owned shard into a device
+    /// norm_stats, its all-reduce on the device, and the two doubles to the host.
+    void device_gradient_stats(std::vector<double>& stats) {
+#if defined(__CUDACC__)
+        const detail::placement p = place();
+        std::vector<kernels::read_piece> pieces;
+        for (std::size_t k = 0; k < params_->unit_count(); ++k) {
+            auto part = params_->partition_of(k);
+            const element_range owned = params_->owned_range(k);
+            pieces.push_back({static_cast<const std::byte*>(part.grad) +
+                                  (owned.begin - part.range.begin) * size_of(Params::param_dtype),
+                              owned.size()});
+        }
+        if (!stats_) {
+            stats_ = detail::flat_bytes(sizeof(kernels::norm_stats), p.where);
+        }
+        auto* dev = reinterpret_cast<kernels::norm_stats*>(stats_.data());
+        kernels::multi_norm(std::span<const kernels::read_piece>(pieces), Params::param_dtype, dev,
+                            static_cast<cudaStream_t>(p.stream));
+        fence_.order(p, params_->shard_comm(), "partitioned_optimizer step");
+        all_reduce(params_->shard_comm(), buffer{dev, 2, dtype::f64, p.where});
+        detail::place_to_host(p, stats.data(), dev, 2 * sizeof(double));
+#else
+        (void)stats;
+        detail::placement::require_device_code(params_->communicator().rank(),
+                                               "partitioned_optimizer step", place().where);
+#endif
+    }
+
     /// Sum of squares and non-finite count over this rank's owned shard of unit `k`
     /// (each element counted on exactly one rank of the shard group).
     void gradient_stats(std::size_t k, double& sum_sq, double& nonfinite) {
@@ -265,7 +304,14 @@ private:
                 shard.state[s] = reinterpret_cast<A*>(state(k, s)) + off;
             }
             shard.count = n;
-            kernels::host::optimizer_step<O>(c, shard, grad_scale);
+            if (place().on_device()) {
+#if defined(__CUDACC__)
+                kernels::optimizer_step<O>(c, shard, grad_scale, nullptr,
+                                           static_cast<cudaStream_t>(place().stream));
+#endif
+            } else {
+                kernels::host::optimizer_step<O>(c, shard, grad_scale);
+            }
         });
     }
 
@@ -276,7 +322,9 @@ private:
     double scale_;
     std::uint64_t good_steps_ = 0;
     std::uint64_t step_ = 0;
-    std::vector<detail::aligned_bytes> state_;
+    std::vector<detail::flat_bytes> state_;
+    detail::flat_bytes stats_; // device state: the norm_stats of a step
+    detail::stream_fence fence_;
     std::vector<bool> no_decay_; // by parameter id; empty while every parameter decays
 };
 

@@ -31,6 +31,7 @@
 
 #include "unison/comm/collectives.hpp"
 #include "unison/comm/communicator.hpp"
+#include "unison/comm/detail/placement.hpp"
 #include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/convert.hpp"
 #include "unison/core/detail/hash.hpp"
@@ -113,6 +114,31 @@ public:
             shard_own_.emplace(comm.split(comm.rank() / shard_group_size, comm.rank()));
             replica_own_.emplace(comm.split(comm.rank() % shard_group_size, comm.rank()));
         }
+    }
+
+#if UNISON_HAS_CUDA()
+    /// Keeps every buffer (parameters, gradients, master weights, gathered units) on
+    /// CUDA device `dev`, with casts and fills on `compute` (the stream the framework
+    /// computes on; the legacy default stream when null) and the collectives on the
+    /// communicator's stream, ordered after `compute` by events. Before add_unit; the
+    /// translation unit is compiled by nvcc (the casts are kernels). Works with the
+    /// NCCL backend and with the thread backend on one GPU (unison::cuda::attach).
+    void use_device(int dev, cudaStream_t compute = nullptr) {
+        if (!units_.empty()) {
+            fail("use_device", "call it before add_unit (units are allocated as they are added)");
+        }
+        detail::placement::require_device_code(comm_->rank(), "sharded_parameters use_device",
+                                               device::cuda(dev));
+        place_ = {device::cuda(dev), compute};
+    }
+#endif
+    /// Where the parameters, gradients and master weights live.
+    device location() const noexcept {
+        return place_.where;
+    }
+    /// That, with the compute stream device work is ordered on.
+    detail::placement placement_of() const noexcept {
+        return place_;
     }
 
     sharded_parameters(const sharded_parameters&) = delete;
@@ -274,7 +300,7 @@ public:
                 u.state = unit_state::gathered;
             }
         }
-        return {reinterpret_cast<T*>(u.full_param.data()) + e.offset, e.numel};
+        return {reinterpret_cast<T*>(u.full_param.data()) + e.offset, e.numel, place_.where};
     }
 
     /// Where backward accumulates parameter `id`'s full gradient (dtype = parameter
@@ -294,7 +320,7 @@ public:
             gradient_storage(u);
         }
         u.grad_touched = true;
-        return {reinterpret_cast<T*>(u.full_grad.data()) + e.offset, e.numel};
+        return {reinterpret_cast<T*>(u.full_grad.data()) + e.offset, e.numel, place_.where};
     }
 
     /// Sums `unit`'s full gradients over the ranks and leaves their average in this
@@ -317,24 +343,25 @@ public:
         }
         void* src = u.full_grad.data();
         if constexpr (reduce_dtype != param_dtype) {
-            u.wire = detail::aligned_bytes(u.padded * size_of(reduce_dtype));
-            detail::convert_scale(u.wire.data(), reduce_dtype, u.full_grad.data(), param_dtype,
-                                  u.padded);
+            u.wire = detail::flat_bytes(u.padded * size_of(reduce_dtype), place_.where);
+            detail::place_scale_cast(place_, u.wire.data(), reduce_dtype, u.full_grad.data(),
+                                     param_dtype, u.padded);
             src = u.wire.data();
         }
-        buffer whole{src, u.padded, reduce_dtype};
+        buffer whole{src, u.padded, reduce_dtype, place_.where};
+        fence_.order(place_, shard_comm(), "sharded_parameters reduce_gradients");
         if constexpr (stage == 0) {
-            u.reduce.emplace(all_reduce_async(shard_comm(), whole));
+            u.reduce = all_reduce_async(shard_comm(), whole);
         } else if constexpr (stage == 1) {
-            u.reduce.emplace(reduce_scatter_async(shard_comm(), whole));
+            u.reduce = reduce_scatter_async(shard_comm(), whole);
         } else {
             void* out = u.shard_grad.data();
             if constexpr (reduce_dtype != param_dtype) {
-                u.wire_shard = detail::aligned_bytes(u.shard * size_of(reduce_dtype));
+                u.wire_shard = detail::flat_bytes(u.shard * size_of(reduce_dtype), place_.where);
                 out = u.wire_shard.data();
             }
-            u.reduce.emplace(reduce_scatter_async(shard_comm(), const_buffer(whole),
-                                                  buffer{out, u.shard, reduce_dtype}));
+            u.reduce = reduce_scatter_async(shard_comm(), const_buffer(whole),
+                                            buffer{out, u.shard, reduce_dtype, place_.where});
         }
         pending_.push_back(unit_index);
         progress(reductions_in_flight);
@@ -379,9 +406,9 @@ public:
         }
         for (unit& u : units_) {
             if constexpr (stage <= 1) {
-                detail::fill_zero(u.full_grad.data(), param_dtype, u.padded);
+                detail::place_zero(place_, u.full_grad.data(), param_dtype, u.padded);
             } else {
-                detail::fill_zero(u.shard_grad.data(), param_dtype, u.shard);
+                detail::place_zero(place_, u.shard_grad.data(), param_dtype, u.shard);
                 drop_full_grad(u);
             }
             u.grad_touched = false;
@@ -397,9 +424,11 @@ public:
         if constexpr (stage == 1 || stage == 2) {
             std::vector<request_type> requests;
             requests.reserve(units_.size());
+            fence_.order(place_, shard_comm(), "sharded_parameters publish_parameters");
             for (unit& u : units_) {
-                requests.push_back(all_gather_async(
-                    shard_comm(), buffer{u.full_param.data(), u.padded, param_dtype}));
+                requests.push_back(
+                    all_gather_async(shard_comm(), buffer{u.full_param.data(), u.padded,
+                                                          param_dtype, place_.where}));
             }
             wait_all(std::span<request_type>(requests));
         }
@@ -407,8 +436,12 @@ public:
 
     // ---------------------------------------------------------------- queries
 
-    std::size_t unit_count() const noexcept { return units_.size(); }
-    std::size_t parameter_count() const noexcept { return entries_.size(); }
+    std::size_t unit_count() const noexcept {
+        return units_.size();
+    }
+    std::size_t parameter_count() const noexcept {
+        return entries_.size();
+    }
     /// Psi: the number of parameter elements, unpadded.
     std::size_t numel() const noexcept {
         std::size_t n = 0;
@@ -417,11 +450,19 @@ public:
         }
         return n;
     }
-    const std::string& name(std::size_t id) const { return at(id, "name").name; }
-    std::size_t numel(std::size_t id) const { return at(id, "numel").numel; }
-    std::size_t unit_of(std::size_t id) const { return at(id, "unit_of").unit; }
+    const std::string& name(std::size_t id) const {
+        return at(id, "name").name;
+    }
+    std::size_t numel(std::size_t id) const {
+        return at(id, "numel").numel;
+    }
+    std::size_t unit_of(std::size_t id) const {
+        return at(id, "unit_of").unit;
+    }
     /// Offset of parameter `id` in its unit's flat buffer.
-    std::size_t offset_of(std::size_t id) const { return at(id, "offset_of").offset; }
+    std::size_t offset_of(std::size_t id) const {
+        return at(id, "offset_of").offset;
+    }
     /// Parameters [first, last) of a unit, and its padded flat size.
     std::pair<std::size_t, std::size_t> parameters_of(std::size_t unit_index) const {
         const unit& u = unit_at(unit_index, "parameters_of");
@@ -464,8 +505,12 @@ public:
         }
     }
     /// Which replica of the shards this rank belongs to (0 unless hybrid).
-    int replica_index() const noexcept { return comm_->rank() / shard_size(); }
-    C& communicator() noexcept { return *comm_; }
+    int replica_index() const noexcept {
+        return comm_->rank() / shard_size();
+    }
+    C& communicator() noexcept {
+        return *comm_;
+    }
 
     /// This rank's shard of a unit: disjoint across the shard group and covering the
     /// unit (gradient norms and checkpoints count each element once through it).
@@ -520,7 +565,9 @@ public:
     static constexpr std::size_t reductions_in_flight = 2;
 
     /// Units gathered ahead of their gather() call so far.
-    std::size_t prefetched() const noexcept { return prefetched_; }
+    std::size_t prefetched() const noexcept {
+        return prefetched_;
+    }
 
     /// Throws `argument_error` naming this rank and `operation`.
     [[noreturn]] void fail(const std::string& operation, const std::string& detail) const {
@@ -542,8 +589,8 @@ private:
     struct unit {
         std::size_t first = 0, last = 0; // entries
         std::size_t numel = 0, padded = 0, shard = 0;
-        detail::aligned_bytes full_param, shard_param, master, full_grad, shard_grad;
-        detail::aligned_bytes wire, wire_shard; // reduce-dtype copies while reducing
+        detail::flat_bytes full_param, shard_param, master, full_grad, shard_grad;
+        detail::flat_bytes wire, wire_shard; // reduce-dtype copies while reducing
         std::optional<request_type> gather, reduce;
         unit_state state = unit_state::sharded;
         bool grad_touched = false;
@@ -601,11 +648,9 @@ private:
         }
     }
 
-    static detail::aligned_bytes zeroed(std::size_t bytes) {
-        detail::aligned_bytes b(bytes);
-        if (bytes != 0) {
-            std::memset(b.data(), 0, bytes);
-        }
+    detail::flat_bytes zeroed(std::size_t bytes) const {
+        detail::flat_bytes b(bytes, place_.where);
+        detail::place_zero(place_, b.data(), dtype::u8, bytes);
         return b;
     }
 
@@ -615,22 +660,32 @@ private:
 
     /// Copies the part of `values` (covering unit elements `whole`) that falls in
     /// `held` into `dst` (which starts at held.begin), converting to `dst_type`.
-    static void copy_overlap(element_range whole, element_range held, const std::byte* values,
-                             dtype type, std::byte* dst, dtype dst_type) {
+    /// (`values` are host memory; on a device the cast runs on the host into a
+    /// staging copy that is then uploaded.)
+    void copy_overlap(element_range whole, element_range held, const std::byte* values, dtype type,
+                      std::byte* dst, dtype dst_type) const {
         const std::size_t b = std::max(whole.begin, held.begin);
         const std::size_t e = std::min(whole.end, held.end);
         if (b >= e) {
             return;
         }
-        detail::convert_scale(dst + (b - held.begin) * size_of(dst_type), dst_type,
-                              values + (b - whole.begin) * size_of(type), type, e - b);
+        std::byte* to = dst + (b - held.begin) * size_of(dst_type);
+        const std::byte* from = values + (b - whole.begin) * size_of(type);
+        if (!place_.on_device()) {
+            detail::convert_scale(to, dst_type, from, type, e - b);
+            return;
+        }
+        detail::aligned_bytes staging((e - b) * size_of(dst_type));
+        detail::convert_scale(staging.data(), dst_type, from, type, e - b);
+        detail::place_from_host(place_, to, staging.data(), staging.size());
     }
 
     void launch_gather(unit& u) {
-        u.full_param = detail::aligned_bytes(u.padded * size_of(param_dtype));
-        u.gather.emplace(all_gather_async(shard_comm(),
-                                          const_buffer(u.shard_param.data(), u.shard, param_dtype),
-                                          buffer{u.full_param.data(), u.padded, param_dtype}));
+        u.full_param = detail::flat_bytes(u.padded * size_of(param_dtype), place_.where);
+        fence_.order(place_, shard_comm(), "sharded_parameters gather");
+        u.gather = all_gather_async(
+            shard_comm(), const_buffer(u.shard_param.data(), u.shard, param_dtype, place_.where),
+            buffer{u.full_param.data(), u.padded, param_dtype, place_.where});
         u.state = unit_state::gathering;
         gathered_now_ += u.full_param.size();
         ++live_;
@@ -643,8 +698,8 @@ private:
     }
 
     void gradient_storage(unit& u) {
-        u.full_grad = detail::aligned_bytes(u.padded * size_of(param_dtype));
-        detail::fill_zero(u.full_grad.data(), param_dtype, u.padded);
+        u.full_grad = detail::flat_bytes(u.padded * size_of(param_dtype), place_.where);
+        detail::place_zero(place_, u.full_grad.data(), param_dtype, u.padded);
         gathered_now_ += u.full_grad.size();
         track_peak();
     }
@@ -660,24 +715,25 @@ private:
     /// written, in the parameter dtype, where partition_of() points.
     void complete_reduction(unit& u, double scale) {
         if constexpr (stage == 0) {
-            detail::convert_scale(u.full_grad.data(), param_dtype,
-                                  reduce_dtype != param_dtype ? u.wire.data() : u.full_grad.data(),
-                                  reduce_dtype, u.padded, scale);
+            detail::place_scale_cast(place_, u.full_grad.data(), param_dtype,
+                                     reduce_dtype != param_dtype ? u.wire.data()
+                                                                 : u.full_grad.data(),
+                                     reduce_dtype, u.padded, scale);
         } else if constexpr (stage == 1) {
             const std::size_t at = static_cast<std::size_t>(shard_rank()) * u.shard;
             const std::byte* src =
                 (reduce_dtype != param_dtype ? u.wire.data() : u.full_grad.data()) +
                 at * size_of(reduce_dtype);
-            detail::convert_scale(u.full_grad.data() + at * size_of(param_dtype), param_dtype, src,
-                                  reduce_dtype, u.shard, scale);
+            detail::place_scale_cast(place_, u.full_grad.data() + at * size_of(param_dtype),
+                                     param_dtype, src, reduce_dtype, u.shard, scale);
         } else {
             std::byte* got =
                 reduce_dtype != param_dtype ? u.wire_shard.data() : u.shard_grad.data();
             if constexpr (config::hybrid) {
-                all_reduce(*replica_own_, buffer{got, u.shard, reduce_dtype});
+                all_reduce(*replica_own_, buffer{got, u.shard, reduce_dtype, place_.where});
             }
-            detail::convert_scale(u.shard_grad.data(), param_dtype, got, reduce_dtype, u.shard,
-                                  scale);
+            detail::place_scale_cast(place_, u.shard_grad.data(), param_dtype, got, reduce_dtype,
+                                     u.shard, scale);
         }
     }
 
@@ -738,7 +794,8 @@ private:
         // Sizes first (a rank with a different parameter count would otherwise
         // call the second all_gather with another count).
         std::vector<std::int64_t> heads(2 * static_cast<std::size_t>(comm_->size()));
-        all_gather(*comm_, std::span<const std::int64_t>(mine.data(), 2), heads);
+        detail::control_all_gather(*comm_, std::span<const std::int64_t>(mine.data(), 2),
+                                   std::span<std::int64_t>(heads));
         for (int r = 0; r < comm_->size(); ++r) {
             const auto i = 2 * static_cast<std::size_t>(r);
             if (heads[i] != mine[0] || heads[i + 1] != mine[1]) {
@@ -752,7 +809,8 @@ private:
             }
         }
         std::vector<std::int64_t> all((2 + n) * static_cast<std::size_t>(comm_->size()));
-        all_gather(*comm_, mine, all);
+        detail::control_all_gather(*comm_, std::span<const std::int64_t>(mine),
+                                   std::span<std::int64_t>(all));
         for (int r = 0; r < comm_->size(); ++r) {
             for (std::size_t i = 0; i < n; ++i) {
                 if (all[static_cast<std::size_t>(r) * (2 + n) + 2 + i] != mine[2 + i]) {
@@ -769,6 +827,8 @@ private:
     }
 
     C* comm_;
+    detail::placement place_;
+    detail::stream_fence fence_;
     std::optional<C> shard_own_, replica_own_;
     std::vector<entry> entries_;
     std::vector<unit> units_;
