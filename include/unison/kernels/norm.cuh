@@ -75,6 +75,9 @@ __global__ void __launch_bounds__(block_threads)
 }
 
 /// One block adds `n` partials: thread t sums t, t + 256, ... in order, then the tree.
+/// (A template, like every kernel here, so that including this header in several
+/// translation units defines it once.)
+template <int = 0>
 __global__ void __launch_bounds__(block_threads)
     norm_finish_kernel(const norm_stats* partials, std::size_t n, norm_stats* out,
                        bool accumulate) {
@@ -115,7 +118,7 @@ inline void multi_norm(const multi_tensor_plan& plan, dtype type, norm_stats* ou
         });
         detail::check_launch("multi_norm");
     }
-    detail::norm_finish_kernel<<<1, detail::block_threads, 0, stream>>>(part, n, out, accumulate);
+    detail::norm_finish_kernel<><<<1, detail::block_threads, 0, stream>>>(part, n, out, accumulate);
     detail::check_launch("multi_norm (finish)");
 }
 
