@@ -269,7 +269,7 @@ std::vector<std::vector<double>> run_ddp(int ranks, bool on_device, int steps,
 
 TEST_CASE("DDP on device (thread backend, one GPU) equals DDP on the host") {
     const std::vector<std::size_t> sizes{1, 7, 1000, 300001, 5, 65536, 3, 4096, 77777, 13};
-    for (int ranks : {2, 3, 4}) {
+    for (int ranks : {2, 3, 4, 8}) {
         CAPTURE(ranks);
         // Step 3 (odd: the last gradient unused, reduced as zero) after the rebuild.
         const auto host = run_ddp<>(ranks, false, 4, sizes);
