@@ -32,6 +32,19 @@
 #define UNISON_HAS_MPI() 0
 #endif
 
+/// The inline namespace of the parts whose code differs between translation units
+/// compiled by nvcc (which launch kernels on device state) and by a host compiler
+/// (which cannot): bucketed_reducer, ddp, sharded_parameters, partitioned_optimizer
+/// and their memory helpers. A program that mixes .cpp and .cu translation units
+/// then links two sets of symbols instead of one silently replacing the other.
+/// Users never name it (`unison::ddp` finds it); objects must not cross between the
+/// two kinds of translation unit.
+#if defined(__CUDACC__)
+#define UNISON_TU_ABI cuda_tu
+#else
+#define UNISON_TU_ABI host_tu
+#endif
+
 /// Marks functions usable from both host and device code.
 #if defined(__CUDACC__)
 #define UNISON_HOST_DEVICE __host__ __device__

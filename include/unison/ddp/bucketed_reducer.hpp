@@ -26,7 +26,9 @@
 /// after the pack by an event; `finish()` waits for each reduction (bounded by the
 /// communicator's timeout) and unpacks with one kernel per bucket on the compute
 /// stream. Work enqueued on the compute stream after `finish()` sees the averaged
-/// gradients.
+/// gradients. A device gradient is read when its bucket is packed (at the
+/// mark_ready that completes the bucket, or in finish()), not at its own
+/// mark_ready: leave it unchanged until finish() returns.
 ///
 /// Not thread-safe: call `mark_ready` and `finish` from one thread at a time.
 
@@ -123,6 +125,8 @@ struct ddp_config {
 };
 
 } // namespace detail
+
+inline namespace UNISON_TU_ABI {
 
 /// Buckets gradients and all-reduces them while backward runs. `C` is any
 /// communicator; `Policies` come from unison::policy (see policies.hpp).
@@ -232,6 +236,12 @@ public:
                 detail::place_scale_cast(place(), slot(e), e.bucket_type, e.grad.data, e.grad.type,
                                          e.grad.count);
             }
+#if UNISON_HAS_CUDA()
+            if (on_device()) { // the caller may free or reuse its gradients now
+                UNISON_CHECK_CUDA(cudaStreamSynchronize(compute_stream()), comm_->rank(),
+                                  "bucketed_reducer start");
+            }
+#endif
         }
         started_ = true;
     }
@@ -787,5 +797,7 @@ private:
     void* compute_ = nullptr; ///< cudaStream_t of device packing and unpacking
     detail::stream_fence fence_;
 };
+
+} // namespace UNISON_TU_ABI
 
 } // namespace unison

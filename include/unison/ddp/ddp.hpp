@@ -27,6 +27,8 @@
 
 namespace unison {
 
+inline namespace UNISON_TU_ABI {
+
 template <communicator C, class... Policies>
 class ddp {
 public:
@@ -141,5 +143,7 @@ private:
     std::vector<state> states_;
     std::size_t buffers_ = 0;
 };
+
+} // namespace UNISON_TU_ABI
 
 } // namespace unison

@@ -72,6 +72,8 @@ struct step_result {
     double loss_scale = 1.0;       ///< the scale the gradients carried in this step
 };
 
+inline namespace UNISON_TU_ABI {
+
 /// Optimizer `O` (unison::optim::sgd / adam / adamw or a user's own with the same
 /// shape) over the partitions of `Params` (a sharded_parameters).
 template <class Params, optim::optimizer O>
@@ -308,6 +310,9 @@ private:
 #if defined(__CUDACC__)
                 kernels::optimizer_step<O>(c, shard, grad_scale, nullptr,
                                            static_cast<cudaStream_t>(place().stream));
+#else
+                detail::placement::require_device_code(params_->communicator().rank(),
+                                                       "partitioned_optimizer step", place().where);
 #endif
             } else {
                 kernels::host::optimizer_step<O>(c, shard, grad_scale);
@@ -327,5 +332,7 @@ private:
     detail::stream_fence fence_;
     std::vector<bool> no_decay_; // by parameter id; empty while every parameter decays
 };
+
+} // namespace UNISON_TU_ABI
 
 } // namespace unison

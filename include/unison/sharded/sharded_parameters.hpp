@@ -84,6 +84,8 @@ struct element_range {
     std::size_t size() const noexcept { return end - begin; }
 };
 
+inline namespace UNISON_TU_ABI {
+
 /// Sharded parameter and gradient memory over communicator `C`, assembled from
 /// `Policies` (unison::policy: zero<N> / fsdp<...>, mixed_precision, ...).
 template <communicator C, class... Policies>
@@ -837,5 +839,7 @@ private:
     int live_ = 0, live_peak_ = 0;
     bool started_ = false;
 };
+
+} // namespace UNISON_TU_ABI
 
 } // namespace unison

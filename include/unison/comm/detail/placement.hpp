@@ -37,6 +37,8 @@
 
 namespace unison::detail {
 
+inline namespace UNISON_TU_ABI {
+
 /// Where training state lives and the stream device work is ordered on.
 struct placement {
     device where = device::host();
@@ -129,6 +131,7 @@ inline void place_scale_cast(const placement& p, void* dst, dtype dst_type, cons
     }
 #if defined(__CUDACC__)
     if (dst != src || scale != 1.0 || dst_type != src_type) {
+        cuda::device_guard guard(p.where.index);
         kernels::scale_cast(dst, dst_type, src, src_type, n, scale, false,
                             static_cast<cudaStream_t>(p.stream));
     }
@@ -145,6 +148,7 @@ inline void place_zero(const placement& p, void* dst, dtype type, std::size_t n)
     }
 #if UNISON_HAS_CUDA()
     if (n != 0) {
+        cuda::device_guard guard(p.where.index);
         UNISON_CHECK_CUDA(
             cudaMemsetAsync(dst, 0, n * size_of(type), static_cast<cudaStream_t>(p.stream)), -1,
             "zero fill on " + to_string(p.where));
@@ -162,6 +166,7 @@ inline void place_from_host(const placement& p, void* dst, const void* src, std:
     }
 #if UNISON_HAS_CUDA()
     if (bytes != 0) {
+        cuda::device_guard guard(p.where.index);
         auto s = static_cast<cudaStream_t>(p.stream);
         UNISON_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s), -1,
                           "copy to " + to_string(p.where));
@@ -181,6 +186,7 @@ inline void place_to_host(const placement& p, void* dst, const void* src, std::s
     }
 #if UNISON_HAS_CUDA()
     if (bytes != 0) {
+        cuda::device_guard guard(p.where.index);
         auto s = static_cast<cudaStream_t>(p.stream);
         UNISON_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), -1,
                           "copy from " + to_string(p.where));
@@ -220,6 +226,7 @@ public:
                                      " and the communicator has no device stream (attach one "
                                      "with unison::cuda::attach, or use the NCCL backend)");
         }
+        cuda::device_guard guard(p.where.index);
         if (!event_) {
             event_.emplace();
         }
@@ -291,5 +298,7 @@ void control_broadcast(C& comm, std::span<std::int64_t> v, int root) {
 #endif
     broadcast(comm, v, root);
 }
+
+} // namespace UNISON_TU_ABI
 
 } // namespace unison::detail
