@@ -76,13 +76,15 @@ public:
     void copy_from(std::span<const T> host) {
         check_size(host.size(), "copy_from");
         if (count_ != 0) {
+            device_guard guard(dev_);
             UNISON_CHECK_CUDA(cudaMemcpyAsync(data_, host.data(), count_ * sizeof(T),
                                               cudaMemcpyHostToDevice, nullptr),
                               -1, "device_buffer::copy_from");
             UNISON_CHECK_CUDA(cudaStreamSynchronize(nullptr), -1, "device_buffer::copy_from");
         }
     }
-    /// Copies the elements out to `host` (exactly size() elements); synchronous.
+    /// Copies the elements out to `host` (exactly size() elements), on the legacy
+    /// default stream: synchronize the non-blocking streams that wrote them first.
     void copy_to(std::span<T> host) const {
         check_size(host.size(), "copy_to");
         if (count_ != 0) {

@@ -26,7 +26,9 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace unison::kernels {
@@ -116,6 +118,23 @@ struct stream_free {
 class multi_tensor_plan {
 public:
     multi_tensor_plan() = default;
+    multi_tensor_plan(multi_tensor_plan&& o) noexcept
+        : storage_(std::move(o.storage_)), host_(std::move(o.host_)),
+          piece_count_(std::exchange(o.piece_count_, 0)),
+          chunk_count_(std::exchange(o.chunk_count_, 0)),
+          element_count_(std::exchange(o.element_count_, 0)) {}
+    multi_tensor_plan& operator=(multi_tensor_plan&& o) noexcept {
+        if (this != &o) {
+            storage_ = std::move(o.storage_);
+            host_ = std::move(o.host_);
+            piece_count_ = std::exchange(o.piece_count_, 0);
+            chunk_count_ = std::exchange(o.chunk_count_, 0);
+            element_count_ = std::exchange(o.element_count_, 0);
+        }
+        return *this;
+    }
+    multi_tensor_plan(const multi_tensor_plan&) = delete;
+    multi_tensor_plan& operator=(const multi_tensor_plan&) = delete;
 
     /// Tables for `pieces` (copies, or reads with `dst` null), uploaded to the
     /// current device; returns once they are there.
@@ -207,7 +226,10 @@ namespace detail {
 template <class D, class S>
 void launch_multi_scale_cast(const copy_piece* pieces, const chunk* chunks, std::size_t n_chunks,
                              double scale, bool accumulate, cudaStream_t stream) {
-    // gridDim.x may be up to 2^31 - 1: 17 trillion elements per launch.
+    // gridDim.x may be up to 2^31 - 1 blocks: 17 trillion elements per launch.
+    if (n_chunks > 0x7fffffffu) {
+        throw std::length_error("unison::kernels::multi_scale_cast: more than 2^31 - 1 chunks");
+    }
     multi_scale_cast_kernel<D, S><<<static_cast<unsigned>(n_chunks), block_threads, 0, stream>>>(
         pieces, chunks, static_cast<compute_t<D, S>>(scale), accumulate);
     check_launch("multi_scale_cast");

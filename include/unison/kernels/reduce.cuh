@@ -4,9 +4,11 @@
 /// The reduction kernel of the thread backend on device memory: N ranks, threads
 /// of one process sharing one GPU, each reduce their share of every rank's input
 /// and write it to every rank's output, reading the peers' buffers directly (one
-/// pass, no staging copy). Element order and arithmetic follow `host_reduce`
-/// (core/detail/host_reduce.hpp): inputs combined in rank order in the accumulate
-/// type (float for f16/bf16), divided by `divisor` for an average, rounded once.
+/// pass, no staging copy). The arithmetic is `host_reduce`'s (core/detail/
+/// host_reduce.hpp): combined in the accumulate type (float for f16/bf16), divided
+/// by `divisor` for an average, rounded once. The order is rank order; the host loop
+/// starts from the input that aliases the output instead, so with three or more
+/// ranks in place the two may differ in the last place.
 
 #include "unison/core/detail/host_reduce.hpp"
 #include "unison/core/dtype.hpp"

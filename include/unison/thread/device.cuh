@@ -18,7 +18,11 @@
 /// device (as the NCCL backend's do); the host waits for the rank's stream at most
 /// the communicator's timeout. Work the rank enqueued on its stream before the
 /// call is ordered before it: use `stream_of(comm)` for compute that produces the
-/// inputs, or order another stream with an event. Send and recv remain host-only.
+/// inputs, or order another stream with an event. A non-blocking call is enqueued
+/// when the rank's progress thread reaches it, not at submit (unlike NCCL): read
+/// its results, or enqueue more work on `stream_of(comm)`, only after wait() or a
+/// true test(). Send and recv remain host-only. Every rank's data must be on the
+/// same GPU (the kernels read the peers' buffers without peer access).
 
 #include "unison/core/error.hpp"
 #include "unison/cuda/check.hpp"
@@ -88,9 +92,11 @@ public:
                     rank, std::string(to_string(call.op)));
             }
         };
-        if (n > kernels::max_reduce_ranks) {
+        const bool reduces = call.op == operation::all_reduce || call.op == operation::reduce ||
+                             call.op == operation::reduce_scatter;
+        if (reduces && n > kernels::max_reduce_ranks) {
             throw argument_error(rank, to_string(call.op),
-                                 "device collectives on the thread backend take at most " +
+                                 "device reductions on the thread backend combine at most " +
                                      std::to_string(kernels::max_reduce_ranks) + " ranks, not " +
                                      std::to_string(n));
         }

@@ -206,7 +206,8 @@ private:
     void check_host(const collective_call& call) const {
         if (!call.location.is_host()) {
             throw argument_error(rank, to_string(call.op),
-                                 "the thread backend moves host memory, and the data is on " +
+                                 "the thread backend's send and recv take host memory, and the "
+                                 "data is on " +
                                      to_string(call.location));
         }
     }
@@ -286,16 +287,19 @@ private:
         throw timeout_error(rank, label, what, seq);
     }
 
-    /// Every rank's data must be where rank 0's is (host, or the same device kind):
-    /// checked by every rank, before any data moves.
+    /// Every rank's data must be where rank 0's is (host memory, or the same CUDA
+    /// device: the device kernels read the peers' buffers directly, without peer
+    /// access between GPUs): checked by every rank, before any data moves.
     void check_locations(operation op, std::uint64_t seq) {
         const device ref = group->entry(seq, 0).call.location;
         for (int q = 1; q < group->size; ++q) {
             const device d = group->entry(seq, q).call.location;
-            if (d.type != ref.type) {
+            if (d != ref) {
                 throw mismatch_error(rank, operation_label(op, seq),
                                      "rank " + std::to_string(q) + " passes data on " +
-                                         to_string(d) + " and rank 0 on " + to_string(ref),
+                                         to_string(d) + " and rank 0 on " + to_string(ref) +
+                                         "; the thread backend needs every rank's data in one "
+                                         "place (host memory, or one GPU)",
                                      q, "device");
             }
         }
@@ -554,7 +558,8 @@ public:
             if (!call.location.is_host()) {
                 state_->engine.release(r);
                 throw argument_error(rank(), "send",
-                                     "the thread backend moves host memory, and the data is on " +
+                                     "the thread backend's send and recv take host memory, and "
+                                     "the data is on " +
                                          to_string(call.location));
             }
             state_->post_send(r);

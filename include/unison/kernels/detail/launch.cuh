@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -41,17 +42,20 @@ __host__ __device__ inline bool vec_aligned(const void* p) {
     return reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * N) == 0;
 }
 
-/// Streaming multiprocessors of device `dev` (cached per device).
+/// Streaming multiprocessors of device `dev` (cached per device; rank threads call
+/// this concurrently).
 inline int sm_count(int dev) {
-    static int cached[64] = {};
-    if (dev >= 0 && dev < 64 && cached[dev] > 0) {
-        return cached[dev];
+    static std::atomic<int> cached[64] = {};
+    if (dev >= 0 && dev < 64) {
+        if (const int n = cached[dev].load(std::memory_order_relaxed); n > 0) {
+            return n;
+        }
     }
     int n = 0;
     UNISON_CHECK_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), -1,
                       "kernel launch");
     if (dev >= 0 && dev < 64) {
-        cached[dev] = n;
+        cached[dev].store(n, std::memory_order_relaxed);
     }
     return n;
 }
