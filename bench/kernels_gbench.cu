@@ -510,9 +510,8 @@ void bm_adamw_f32(benchmark::State& state) {
 /// AdamW on bf16 parameters and gradients with f32 master weights: master (array
 /// 0), m (1), v (2), param and grad (the two halves of array 3, as bf16).
 /// bytes = read master 4 + grad 2 + m 4 + v 4, write master 4 + m 4 + v 4 +
-/// param 2 = 28 per parameter: the bf16 parameter need not be read, the master is
-/// the value stepped. (optimizer_kernel's vector path loads it all the same, 30
-/// bytes of traffic per parameter; the count stays at what the step must move.)
+/// param 2 = 28 per parameter: the bf16 parameter is only written, the master is
+/// the value stepped.
 void bm_adamw_bf16_master(benchmark::State& state) {
     guarded(state, [&] {
         const std::size_t n = ws->elements;

@@ -156,8 +156,10 @@ inline void place_zero(const placement& p, void* dst, dtype type, std::size_t n)
 #endif
 }
 
-/// Copies `bytes` from host memory to `dst` (in `p`'s memory); returns when done.
-inline void place_from_host(const placement& p, void* dst, const void* src, std::size_t bytes) {
+/// Copies `bytes` between host memory and `p`'s memory (`upload`: from the host);
+/// returns when done, after the work enqueued on `p`'s stream before it.
+inline void place_copy(const placement& p, void* dst, const void* src, std::size_t bytes,
+                       bool upload) {
     if (!p.on_device()) {
         if (bytes != 0 && dst != src) {
             std::memcpy(dst, src, bytes);
@@ -168,31 +170,22 @@ inline void place_from_host(const placement& p, void* dst, const void* src, std:
     if (bytes != 0) {
         cuda::device_guard guard(p.where.index);
         auto s = static_cast<cudaStream_t>(p.stream);
-        UNISON_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s), -1,
-                          "copy to " + to_string(p.where));
-        UNISON_CHECK_CUDA(cudaStreamSynchronize(s), -1, "copy to " + to_string(p.where));
+        const std::string what = (upload ? "copy to " : "copy from ") + to_string(p.where);
+        UNISON_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes,
+                                          upload ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                                          s),
+                          -1, what);
+        UNISON_CHECK_CUDA(cudaStreamSynchronize(s), -1, what);
     }
+#else
+    (void)upload;
 #endif
 }
-
-/// Copies `bytes` from `src` (in `p`'s memory) to host memory; returns when done,
-/// after the work enqueued on `p`'s stream before it.
+inline void place_from_host(const placement& p, void* dst, const void* src, std::size_t bytes) {
+    place_copy(p, dst, src, bytes, true);
+}
 inline void place_to_host(const placement& p, void* dst, const void* src, std::size_t bytes) {
-    if (!p.on_device()) {
-        if (bytes != 0 && dst != src) {
-            std::memcpy(dst, src, bytes);
-        }
-        return;
-    }
-#if UNISON_HAS_CUDA()
-    if (bytes != 0) {
-        cuda::device_guard guard(p.where.index);
-        auto s = static_cast<cudaStream_t>(p.stream);
-        UNISON_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), -1,
-                          "copy from " + to_string(p.where));
-        UNISON_CHECK_CUDA(cudaStreamSynchronize(s), -1, "copy from " + to_string(p.where));
-    }
-#endif
+    place_copy(p, dst, src, bytes, false);
 }
 
 /// The stream a communicator moves device memory on: the NCCL backend's stream, or
