@@ -223,19 +223,26 @@ private:
     void device_gradient_stats(std::vector<double>& stats) {
 #if defined(__CUDACC__)
         const detail::placement p = place();
-        std::vector<kernels::read_piece> pieces;
-        for (std::size_t k = 0; k < params_->unit_count(); ++k) {
-            auto part = params_->partition_of(k);
-            const element_range owned = params_->owned_range(k);
-            pieces.push_back({static_cast<const std::byte*>(part.grad) +
-                                  (owned.begin - part.range.begin) * size_of(Params::param_dtype),
-                              owned.size()});
+        if (!norm_plan_) {
+            // The owned gradient shards never move (allocated once by
+            // sharded_parameters), so their table is uploaded once, not every step.
+            cuda::device_guard guard(p.where.index);
+            std::vector<kernels::read_piece> pieces;
+            for (std::size_t k = 0; k < params_->unit_count(); ++k) {
+                auto part = params_->partition_of(k);
+                const element_range owned = params_->owned_range(k);
+                pieces.push_back(
+                    {static_cast<const std::byte*>(part.grad) +
+                         (owned.begin - part.range.begin) * size_of(Params::param_dtype),
+                     owned.size()});
+            }
+            norm_plan_.emplace(std::span<const kernels::read_piece>(pieces));
         }
         if (!stats_) {
             stats_ = detail::flat_bytes(sizeof(kernels::norm_stats), p.where);
         }
         auto* dev = reinterpret_cast<kernels::norm_stats*>(stats_.data());
-        kernels::multi_norm(std::span<const kernels::read_piece>(pieces), Params::param_dtype, dev,
+        kernels::multi_norm(*norm_plan_, Params::param_dtype, dev,
                             static_cast<cudaStream_t>(p.stream));
         fence_.order(p, params_->shard_comm(), "partitioned_optimizer step");
         all_reduce(params_->shard_comm(), buffer{dev, 2, dtype::f64, p.where});
@@ -329,6 +336,9 @@ private:
     std::uint64_t step_ = 0;
     std::vector<detail::flat_bytes> state_;
     detail::flat_bytes stats_; // device state: the norm_stats of a step
+#if defined(__CUDACC__)
+    std::optional<kernels::multi_tensor_plan> norm_plan_; // device state: the owned shards
+#endif
     detail::stream_fence fence_;
     std::vector<bool> no_decay_; // by parameter id; empty while every parameter decays
 };
