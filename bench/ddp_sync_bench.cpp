@@ -18,7 +18,7 @@
 /// of those values (#wrong).
 ///
 /// Modes:
-///   bucketed        bucketed_reducer with its default policies (25 MiB buckets, the
+///   bucketed        bucketed_reducer with its default options (25 MiB buckets, the
 ///                   first 1 MiB): gradients copied into buckets and back
 ///   bucketed-view   the same with policy::gradients_in_buckets (gradients live in
 ///                   the buckets, nothing is copied)
@@ -357,15 +357,12 @@ public:
     using reducer_type = bucketed_reducer<Comm, Policies...>;
     static constexpr bool in_buckets = reducer_type::config::gradient_memory::in_buckets;
 
-    /// `sizes`: {first bucket, bucket} bytes, or the policies' when absent.
+    /// `sizes`: {first bucket, bucket} bytes, or ddp_options' defaults when absent.
     bucketed_mode(Comm& comm, gradient_store& grads, const model_shapes& m,
                   std::optional<std::pair<std::size_t, std::size_t>> sizes)
-        : reducer_(comm), grads_(grads),
-          first_bucket_(sizes ? sizes->first : reducer_type::config::first_bucket_size::bytes),
-          bucket_(sizes ? sizes->second : reducer_type::config::bucket_size::bytes) {
-        if (sizes) {
-            reducer_.set_bucket_sizes(first_bucket_, bucket_);
-        }
+        : reducer_(comm, options(sizes)), grads_(grads),
+          first_bucket_(reducer_.options().first_bucket_bytes),
+          bucket_(reducer_.options().bucket_bytes) {
         for (std::size_t i = 0; i < grads.size(); ++i) {
             reducer_.add(grads[i], m.tensors[i].name);
         }
@@ -389,6 +386,15 @@ public:
     }
 
     std::size_t calls() const { return reducer_.bucket_count(); }
+    static ddp_options options(std::optional<std::pair<std::size_t, std::size_t>> sizes) {
+        ddp_options o;
+        if (sizes) {
+            o.first_bucket_bytes = sizes->first;
+            o.bucket_bytes = sizes->second;
+        }
+        return o;
+    }
+
     std::size_t first_bucket() const noexcept { return first_bucket_; }
     std::size_t bucket() const noexcept { return bucket_; }
 

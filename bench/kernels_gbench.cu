@@ -49,7 +49,7 @@
 #include <unison/kernels/multi_tensor.cuh>
 #include <unison/kernels/norm.cuh>
 #include <unison/kernels/optimizer.cuh>
-#include <unison/sharded/optimizers.hpp>
+#include <unison/optim.hpp>
 
 #if UNISON_HAS_NCCL()
 #include <unison/comm.hpp>

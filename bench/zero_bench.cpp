@@ -8,13 +8,14 @@
 ///     unison-zero-bench -r 2,4 -n 5     # ranks 2 and 4, 5 timed steps each
 ///
 /// Consecutive tensors are grouped into units of at least 2 M parameters (about a
-/// transformer block each). One step is what a training step does to the state:
-/// forward gathers and releases every unit in order, backward gathers each unit in
-/// reverse, writes its bf16 gradients, reduce-scatters (or all-reduces) them and
-/// releases it, then the optimizer clips nothing, skips nothing and updates. Memory
-/// is what sharded_parameters::memory() and partitioned_optimizer::state_bytes()
-/// report on rank 0; traffic is counting_communicator's ring elements per rank in
-/// one step; the time is the median over -n steps of the slowest rank, after one
+/// transformer block each), each a unit of the fsdp engine. One step is what a
+/// training step does to the state: every unit's forward scope (gather, prefetch,
+/// release), every unit's backward scope in reverse (gather, write its bf16
+/// gradients, reduce-scatter or all-reduce them, release), then engine.step() (its
+/// checks, the AdamW update, zeroing). Memory is what the engine's memory() and
+/// optimizer_state_bytes() report on rank 0; traffic is counting_communicator's ring
+/// elements per rank in one step, the step's small all-reduce of checks (8 doubles)
+/// included; the time is the median over -n steps of the slowest rank, after one
 /// untimed step. Memory and traffic are printed over Psi, next to the formulas.
 
 #include "model_shapes.hpp"
@@ -57,48 +58,41 @@ row measure(const bench::model_shapes& model, int ranks, int iterations, const c
     std::vector<double> slowest(static_cast<std::size_t>(iterations), 0.0);
     thread_world(ranks).run([&](thread_communicator& comm) {
         counting_communicator<thread_communicator> counted(comm);
-        using sp_type =
-            sharded_parameters<counting_communicator<thread_communicator>, Sharding,
-                               policy::mixed_precision<dtype::bf16, dtype::bf16, dtype::f32>>;
-        const int group = Sharding::hybrid ? std::max(1, ranks / 2) : ranks;
-        sp_type sp(counted, group);
-        std::vector<parameter_spec> unit;
+        using engine_type = fsdp<counting_communicator<thread_communicator>, Sharding,
+                                 policy::mixed_precision<dtype::bf16, dtype::bf16, dtype::f32>>;
+        const int group = engine_type::strategy::hybrid ? std::max(1, ranks / 2) : ranks;
+        engine_type engine(counted, {.shard_group_size = group});
+        std::vector<typename engine_type::parameter> unit;
+        std::vector<unit_handle> units;
         std::size_t in_unit = 0;
         for (const bench::model_tensor& t : model.tensors) {
-            unit.push_back({t.name, t.elements()});
+            unit.emplace_back(t.name, t.elements());
             in_unit += t.elements();
             if (in_unit >= (std::size_t{2} << 20)) {
-                sp.add_unit(unit);
+                units.push_back(engine.add_unit(unit));
                 unit.clear();
                 in_unit = 0;
             }
         }
         if (!unit.empty()) {
-            sp.add_unit(unit);
+            units.push_back(engine.add_unit(unit));
         }
-        sp.start();
-        step_options so;
-        so.skip_nonfinite = false;
-        partitioned_optimizer<sp_type, optim::adamw> opt(sp, optim::adamw{}, so);
+        engine.start();
         const bf16 value(0.001f * static_cast<float>(comm.rank() + 1));
 
         auto step = [&] {
-            for (std::size_t u = 0; u < sp.unit_count(); ++u) {
-                sp.gather(u, pass::forward);
-                (void)sp.template parameter<bf16>(sp.parameters_of(u).first);
-                sp.release(u, pass::forward);
+            for (const unit_handle& u : units) {
+                auto scope = engine.forward(u);
+                (void)engine.value(u[0]);
             }
-            for (std::size_t u = sp.unit_count(); u-- > 0;) {
-                sp.gather(u, pass::backward);
-                const auto [first, last] = sp.parameters_of(u);
-                for (std::size_t id = first; id < last; ++id) {
-                    auto g = sp.template gradient<bf16>(id);
+            for (auto u = units.rbegin(); u != units.rend(); ++u) {
+                auto scope = engine.backward(*u);
+                for (std::size_t j = 0; j < u->size(); ++j) {
+                    auto g = engine.gradient((*u)[j]);
                     std::fill(g.data, g.data + g.size, value);
                 }
-                sp.reduce_gradients(u);
-                sp.release(u, pass::backward);
             }
-            opt.step();
+            engine.step();
         };
         step(); // untimed; also settles the allocator
         counted.reset();
@@ -113,11 +107,11 @@ row measure(const bench::model_shapes& model, int ranks, int iterations, const c
                 std::max(slowest[static_cast<std::size_t>(i)], ms);
         }
         if (comm.rank() == 0) {
-            const double psi = static_cast<double>(sp.numel());
-            const memory_report r = sp.memory();
-            out.memory_per_psi =
-                static_cast<double>(r.parameters + r.gradients + r.master + opt.state_bytes()) /
-                psi;
+            const double psi = static_cast<double>(engine.numel());
+            const memory_report r = engine.memory();
+            out.memory_per_psi = static_cast<double>(r.parameters + r.gradients + r.master +
+                                                     engine.optimizer_state_bytes()) /
+                                 psi;
             out.memory_formula = memory_formula;
             const double moved = counted.of(operation::all_gather).ring_elements +
                                  counted.of(operation::reduce_scatter).ring_elements +
@@ -188,14 +182,14 @@ int main(int argc, char** argv) {
             rows.push_back(
                 measure<policy::zero<2>>(model, n, iterations, "zero<2>", 2 + 14 / N, 2));
             rows.push_back(
-                measure<policy::zero<3>>(model, n, iterations, "zero<3> = fsdp<full>", 16 / N, 3));
-            rows.push_back(measure<policy::fsdp<policy::shard::grad_op>>(
-                model, n, iterations, "fsdp<grad_op>", 16 / N, 2));
+                measure<policy::zero<3>>(model, n, iterations, "zero<3> = shard::full", 16 / N, 3));
+            rows.push_back(
+                measure<policy::shard::grad_op>(model, n, iterations, "shard::grad_op", 16 / N, 2));
             if (n >= 4 && n % 2 == 0) {
                 // Groups of N/2: sharded over N/2, the shard all-reduced across the 2 groups.
                 const double g = N / 2;
-                rows.push_back(measure<policy::fsdp<policy::shard::hybrid>>(
-                    model, n, iterations, "fsdp<hybrid>, 2 groups", 16 / g, 0));
+                rows.push_back(measure<policy::shard::hybrid>(
+                    model, n, iterations, "shard::hybrid, 2 groups", 16 / g, 0));
                 rows.back().traffic_formula = 3.0 * (g - 1) / g + 2.0 * (2 - 1) / 2 / g;
             }
             for (const row& r : rows) {

@@ -147,9 +147,8 @@ int train(unison::mpi_communicator& comm, const settings& s) {
     // --- unison: register the gradients, hook them to autograd, broadcast -------------
     // The model is small (about 76k parameters, 300 KB), so the buckets are made
     // small as well, to have several all-reduces overlap backward.
-    unison::ddp<unison::mpi_communicator, unison::policy::first_bucket_size<64 * 1024>,
-                unison::policy::bucket_size<128 * 1024>>
-        dp(comm);
+    unison::ddp<unison::mpi_communicator> dp(
+        comm, {.bucket_bytes = 128 * 1024, .first_bucket_bytes = 64 * 1024});
     std::vector<torch::Tensor> params;
     std::vector<void*> registered; // where each gradient lived when registered
     for (const auto& item : model->named_parameters()) {

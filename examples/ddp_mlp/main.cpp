@@ -55,9 +55,9 @@ int train(C& comm, const settings& s) {
     nn::mlp<float> model({features, 256, 256, classes}, /*seed=*/7);
 
     // --- unison: register gradients, connect the backward hook, broadcast -------------
-    // Policies go after the communicator, e.g.
-    //   unison::ddp<C, unison::policy::reduce_dtype<unison::dtype::bf16>,
-    //                  unison::policy::bucket_size<8 * unison::policy::MiB>>
+    // Policies go after the communicator and numbers into the options, e.g.
+    //   unison::ddp<C, unison::policy::mixed_precision<unison::dtype::f32, unison::dtype::bf16>>
+    //       dp(comm, {.bucket_bytes = 8 << 20, .accumulate_steps = 4});
     unison::ddp<C> dp(comm);
     std::unordered_map<const nn::parameter<float>*, std::size_t> index;
     for (nn::parameter<float>* p : model.parameters()) {

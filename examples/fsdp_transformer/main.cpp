@@ -58,9 +58,7 @@ struct settings {
     int sample = 200; // characters generated at the end
 };
 
-using sharded = unison::sharded_parameters<unison::mpi_communicator,
-                                           unison::policy::fsdp<unison::policy::shard::full>>;
-using optimizer = unison::partitioned_optimizer<sharded, unison::optim::adamw>;
+using engine_type = unison::fsdp<unison::mpi_communicator, unison::policy::shard::full>;
 
 // ------------------------------------------------------------------------- the text
 
@@ -341,14 +339,14 @@ torch::Tensor loss_of(const torch::Tensor& logits, const torch::Tensor& targets)
                                                 targets.reshape({-1}));
 }
 
-/// Unit `k`'s parameters as tensors over unison's gathered memory (no copy). With
-/// `trainable` they require grad, so backward computes their gradients. Valid until
-/// sp.release(k).
-std::vector<torch::Tensor> bind(sharded& sp, const unit_spec& unit, std::size_t k, bool trainable) {
-    const std::size_t first = sp.parameters_of(k).first;
+/// A unit's parameters as tensors over unison's gathered memory (no copy), valid
+/// while the unit's scope lasts. With `trainable` they require grad, so backward
+/// computes their gradients.
+std::vector<torch::Tensor> bind(engine_type& engine, const unit_spec& unit,
+                                const unison::unit_handle& u, bool trainable) {
     std::vector<torch::Tensor> w;
     for (std::size_t j = 0; j < unit.tensors.size(); ++j) {
-        const unison::view<float> v = sp.parameter<float>(first + j); // waits for the gather
+        const unison::view<float> v = engine.value(u[j]);
         w.push_back(torch::from_blob(v.data, unit.tensors[j].shape, torch::kFloat));
         if (trainable) {
             w.back().requires_grad_(true);
@@ -361,7 +359,8 @@ std::vector<torch::Tensor> bind(sharded& sp, const unit_spec& unit, std::size_t 
 
 /// Forward and backward of one batch with FSDP and recomputation; returns this
 /// rank's mean loss. The gradient reductions are in flight when it returns.
-double forward_backward(sharded& sp, const std::vector<unit_spec>& units, const model_shape& m,
+double forward_backward(engine_type& engine, const std::vector<unit_spec>& units,
+                        const std::vector<unison::unit_handle>& handles, const model_shape& m,
                         const torch::Tensor& input, const torch::Tensor& targets) {
     const std::size_t n = units.size();
     std::vector<torch::Tensor> saved(n); // each unit's input, the only activations kept
@@ -371,16 +370,15 @@ double forward_backward(sharded& sp, const std::vector<unit_spec>& units, const 
         torch::Tensor x = input;
         for (std::size_t k = 0; k < n; ++k) {
             saved[k] = x;
-            sp.gather(k, unison::pass::forward); // also starts gathering unit k + 1
-            x = unit_forward(units[k], bind(sp, units[k], k, false), x, m);
-            sp.release(k, unison::pass::forward); // stage 3: frees the gathered copy
-        }
+            auto scope = engine.forward(handles[k]); // gathers (and prefetches the next unit)
+            x = unit_forward(units[k], bind(engine, units[k], handles[k], false), x, m);
+        } // each scope's end frees the gathered copy
         loss = loss_of(x, targets).item<double>();
     }
     torch::Tensor grad_output; // d loss / d (output of unit k)
     for (std::size_t k = n; k-- > 0;) {
-        sp.gather(k, unison::pass::backward); // also starts gathering unit k - 1
-        const std::vector<torch::Tensor> w = bind(sp, units[k], k, true);
+        auto scope = engine.backward(handles[k]); // gathers again (and prefetches)
+        const std::vector<torch::Tensor> w = bind(engine, units[k], handles[k], true);
         const torch::Tensor x = k == 0 ? saved[k] : saved[k].detach().requires_grad_(true);
         const torch::Tensor y = unit_forward(units[k], w, x, m); // recomputed, with autograd
         if (k + 1 == n) {
@@ -388,32 +386,32 @@ double forward_backward(sharded& sp, const std::vector<unit_spec>& units, const 
         } else {
             torch::autograd::backward({y}, {grad_output});
         }
-        const std::size_t first = sp.parameters_of(k).first;
         for (std::size_t j = 0; j < w.size(); ++j) {
-            const unison::view<float> g = sp.gradient<float>(first + j);
+            const unison::view<float> g = engine.gradient(handles[k][j]);
             torch::from_blob(g.data, units[k].tensors[j].shape, torch::kFloat).add_(w[j].grad());
         }
         if (k > 0) {
             grad_output = x.grad();
         }
         saved[k] = torch::Tensor();
-        sp.reduce_gradients(k); // starts the reduce-scatter; opt.step() completes it
-        sp.release(k, unison::pass::backward);
-    }
+    } // each scope's end starts the unit's reduce-scatter; engine.step() completes them
     return loss;
 }
 
 /// Samples `count` characters after `prompt` (temperature 0.8). Gathers every unit
 /// (collective), so every rank calls it; rank 0 computes and returns the text.
-std::string generate(sharded& sp, const std::vector<unit_spec>& units, const model_shape& m,
+std::string generate(engine_type& engine, const std::vector<unit_spec>& units,
+                     const std::vector<unison::unit_handle>& handles, const model_shape& m,
                      const corpus& text, const std::string& prompt, int count) {
+    std::vector<engine_type::unit_scope> scopes;
+    scopes.reserve(units.size());
     std::vector<std::vector<torch::Tensor>> w;
     for (std::size_t k = 0; k < units.size(); ++k) {
-        sp.gather(k, unison::pass::forward);
-        w.push_back(bind(sp, units[k], k, false));
+        scopes.push_back(engine.forward(handles[k]));
+        w.push_back(bind(engine, units[k], handles[k], false));
     }
     std::string out = prompt;
-    if (sp.communicator().rank() == 0) {
+    if (engine.communicator().rank() == 0) {
         torch::NoGradGuard no_grad;
         torch::manual_seed(7);
         std::vector<std::int64_t> ids;
@@ -432,10 +430,7 @@ std::string generate(sharded& sp, const std::vector<unit_spec>& units, const mod
             out += text.vocabulary[static_cast<std::size_t>(ids.back())];
         }
     }
-    for (std::size_t k = 0; k < units.size(); ++k) {
-        sp.release(k, unison::pass::forward);
-    }
-    return out;
+    return out; // the scopes end here: every unit is released
 }
 
 double mib(std::size_t bytes) {
@@ -468,36 +463,33 @@ int train(unison::mpi_communicator& comm, const settings& s) {
     const std::vector<unit_spec> units = describe_model(m);
 
     // --- unison: units, initial values (same seed on every rank), start ----------------
-    sharded sp(comm);
+    engine_type engine(comm, {.optimizer = {.lr = s.lr, .beta2 = 0.99}, // decay 1e-2
+                              .max_grad_norm = 1.0});
     torch::manual_seed(1234);
+    std::vector<unison::unit_handle> handles;
     for (const unit_spec& unit : units) {
-        std::vector<unison::parameter_spec> params;
+        std::vector<torch::Tensor> initial; // alive until add_unit has kept this rank's shard
+        std::vector<engine_type::parameter> params;
         for (const tensor_spec& t : unit.tensors) {
-            params.push_back({t.name, t.numel()});
+            initial.push_back(t.initial());
+            params.emplace_back(t.name, initial.back());
         }
-        const std::size_t k = sp.add_unit(params);
-        const std::size_t first = sp.parameters_of(k).first;
-        for (std::size_t j = 0; j < unit.tensors.size(); ++j) {
-            sp.set_parameter(first + j, unit.tensors[j].initial()); // this rank keeps its shard
-        }
+        handles.push_back(engine.add_unit(params));
     }
-    sp.start(); // checks that every rank added the same units and values
-    unison::step_options clip;
-    clip.max_grad_norm = 1.0;
-    optimizer opt(sp, unison::optim::adamw{.lr = s.lr, .beta2 = 0.99}, clip); // decay 1e-2
+    engine.start(); // checks that every rank added the same units and values
     // ---------------------------------------------------------------------------------
 
     const std::int64_t local = s.batch / ranks;
     const int warmup = s.warmup >= 0 ? s.warmup : std::clamp(s.steps / 10, 1, 30);
-    const std::size_t psi = sp.numel();
+    const std::size_t psi = engine.numel();
     const double ln_vocab = std::log(static_cast<double>(m.vocab));
     if (rank == 0) {
-        const unison::memory_report mem = sp.memory();
+        const unison::memory_report mem = engine.memory();
         std::printf("fsdp_transformer: %zu parameters in %zu tensors, %zu units (embeddings, %d "
                     "block%s, head); d_model %lld, %lld heads, context %lld\n",
-                    psi, sp.parameter_count(), sp.unit_count(), s.layers, s.layers == 1 ? "" : "s",
-                    static_cast<long long>(s.d_model), static_cast<long long>(s.heads),
-                    static_cast<long long>(s.context));
+                    psi, engine.parameters().parameter_count(), engine.unit_count(), s.layers,
+                    s.layers == 1 ? "" : "s", static_cast<long long>(s.d_model),
+                    static_cast<long long>(s.heads), static_cast<long long>(s.context));
         std::printf("text: %zu characters, vocabulary %lld (ln %lld = %.3f); global batch %lld "
                     "sequences (%lld per rank), %d ranks, %d thread(s) each\n",
                     text.tokens.size(), static_cast<long long>(m.vocab),
@@ -505,8 +497,8 @@ int train(unison::mpi_communicator& comm, const settings& s) {
                     static_cast<long long>(local), ranks, s.threads);
         std::printf("memory per rank: parameters %.2f MiB, gradients %.2f MiB, AdamW state %.2f "
                     "MiB (unsharded: %.2f, %.2f, %.2f MiB)\n",
-                    mib(mem.parameters), mib(mem.gradients), mib(opt.state_bytes()), mib(psi * 4),
-                    mib(psi * 4), mib(psi * 8));
+                    mib(mem.parameters), mib(mem.gradients), mib(engine.optimizer_state_bytes()),
+                    mib(psi * 4), mib(psi * 4), mib(psi * 8));
     }
 
     // Every rank draws the whole global batch's offsets from the same generator and
@@ -526,12 +518,12 @@ int train(unison::mpi_communicator& comm, const settings& s) {
                             window[i % local].data_ptr<std::int64_t>());
             }
         }
-        opt.hyperparameters().lr = learning_rate(s, warmup, step);
+        engine.hyperparameters().lr = learning_rate(s, warmup, step);
 
-        sp.zero_grad();
-        const double loss = forward_backward(sp, units, m, window.narrow(1, 0, s.context),
-                                             window.narrow(1, 1, s.context));
-        const unison::step_result r = opt.step(); // clip to norm 1, AdamW on this shard
+        const double loss =
+            forward_backward(engine, units, handles, m, window.narrow(1, 0, s.context),
+                             window.narrow(1, 1, s.context));
+        const unison::step_result r = engine.step(); // clip to norm 1, AdamW, zero gradients
 
         std::vector<double> global_loss{loss};
         unison::all_reduce(comm, global_loss, unison::reduce_op::avg);
@@ -543,12 +535,12 @@ int train(unison::mpi_communicator& comm, const settings& s) {
             std::printf("step %4d  loss %.4f  grad norm %7.4f%s  lr %.2e  %7.0f tokens/s  "
                         "%.2f s/step\n",
                         step, losses.back(), r.grad_norm, r.skipped ? " (skipped)" : "",
-                        opt.hyperparameters().lr,
+                        engine.hyperparameters().lr,
                         static_cast<double>(s.batch * s.context) / seconds, seconds);
             std::fflush(stdout); // mpirun forwards what is flushed
         }
         if (rank == 0 && step == 0) {
-            const unison::memory_report mem = sp.memory();
+            const unison::memory_report mem = engine.memory();
             std::printf("transient full copies, peak: %.2f MiB (gathered parameters, %d units at "
                         "most, and full gradients awaiting their reduce-scatter)\n",
                         mib(mem.gathered_peak), mem.live_units_peak);
@@ -562,7 +554,7 @@ int train(unison::mpi_communicator& comm, const settings& s) {
         first += losses[i] / static_cast<double>(ends);
         last += losses[losses.size() - 1 - i] / static_cast<double>(ends);
     }
-    const std::string sample = generate(sp, units, m, text, "The ", s.sample);
+    const std::string sample = generate(engine, units, handles, m, text, "The ", s.sample);
     const bool fell = last < first;
     const bool sane = std::abs(losses.front() - ln_vocab) < 0.5;
     if (rank == 0) {

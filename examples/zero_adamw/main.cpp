@@ -8,9 +8,10 @@
 //   mpirun -n 4 ./zero_adamw --steps 100 --save ckpt     the same under MPI
 //   mpirun -n 2 ./zero_adamw --steps 200 --resume ckpt
 //
-// The loop has the shape every sharding shares (DDP, ZeRO 1-3, FSDP; only the policy
-// changes): zero_grad, forward (each layer gathers its parameters and releases them),
-// backward (each layer gathers, writes its gradients, reduce-scatters them), step.
+// The loop has the shape every strategy shares (DDP, ZeRO 1-3, FSDP; only the policy
+// changes): forward (each layer's hooks enter and leave its unit: gather, release),
+// backward (the same, and the unit's gradients are reduce-scattered on leaving), step
+// (clip, update, zero the gradients for the next step).
 // Each rank trains on its shard of every global batch of a synthetic data set; the
 // global batch, and so the training, does not depend on the number of ranks.
 
@@ -56,64 +57,41 @@ int train(C& comm, const settings& s) {
     nn::mlp<float> model({features, 256, 256, classes}, /*seed=*/7);
 
     // --- unison: one unit per layer, ZeRO-3, AdamW on this rank's shard ---------------
-    // Other shardings: policy::zero<1>, zero<2>, fsdp<shard::hybrid> (pass the group
-    // size to the constructor), fsdp<shard::none> for plain DDP; mixed precision with
-    // policy::mixed_precision<dtype::bf16> (then the model computes in bf16).
-    using params_type = sharded_parameters<C, policy::zero<3>>;
-    params_type params(comm);
+    // Other strategies: policy::zero<1>, zero<2>, shard::hybrid (with .shard_group_size),
+    // shard::none for plain DDP; mixed precision with policy::mixed_precision<dtype::bf16>
+    // (then the model computes in bf16).
+    using engine_type = fsdp<C, policy::zero<3>, optim::adamw>;
+    engine_type engine(comm, {.optimizer = {.lr = s.lr}, .max_grad_norm = 1.0});
+    std::vector<unit_handle> units;
     for (std::size_t k = 0; k < model.layer_count(); ++k) {
-        const auto layer = model.layer_parameters(k); // weight, bias
-        const std::size_t unit = params.add_unit(
-            {{layer[0]->name, layer[0]->size()}, {layer[1]->name, layer[1]->size()}});
-        for (std::size_t j = 0; j < layer.size(); ++j) {
-            params.set_parameter(params.parameters_of(unit).first + j, layer[j]->own_value);
+        std::vector<typename engine_type::parameter> params; // initial values, how nn sees them
+        for (nn::parameter<float>* p : model.layer_parameters(k)) {
+            params.emplace_back(p->name, p->own_value, [p](view<float> v, view<float> g) {
+                v.data ? p->bind_value({v.data, v.size}) : p->unbind_value();
+                if (g.data) {
+                    p->bind_grad({g.data, g.size});
+                }
+            });
         }
+        units.push_back(engine.add_unit(params));
     }
-    params.start(); // checks every rank built the same model with the same values
-    step_options checks;
-    checks.max_grad_norm = 1.0; // the global norm, over every rank's shard
-    partitioned_optimizer<params_type, optim::adamw> optimizer(params, optim::adamw{s.lr}, checks);
-
-    // The model's layer hooks gather, bind, reduce and release.
-    auto bind = [&](std::size_t k, bool grads) {
-        const auto layer = model.layer_parameters(k);
-        const std::size_t first = params.parameters_of(k).first;
-        for (std::size_t j = 0; j < layer.size(); ++j) {
-            const auto v = params.template parameter<float>(first + j);
-            layer[j]->bind_value(std::span<float>(v.data, v.size));
-            if (grads) {
-                const auto g = params.template gradient<float>(first + j);
-                layer[j]->bind_grad(std::span<float>(g.data, g.size));
-            }
-        }
-    };
-    model.before_forward = [&](std::size_t k) {
-        params.gather(k, pass::forward); // also prefetches layer k + 1
-        bind(k, false);
-    };
-    model.after_forward = [&](std::size_t k) { params.release(k, pass::forward); };
-    model.before_backward = [&](std::size_t k) {
-        params.gather(k, pass::backward); // also prefetches layer k - 1
-        bind(k, true);
-    };
-    model.after_backward = [&](std::size_t k) {
-        params.reduce_gradients(k); // non-blocking reduce-scatter into this rank's shard
-        params.release(k, pass::backward);
-    };
-
-    int first_step = 0;
+    engine.start(); // checks that every rank built the same model with the same values
+    model.before_forward = [&](std::size_t k) { engine.before_forward(units[k]); };
+    model.after_forward = [&](std::size_t k) { engine.after_forward(units[k]); };
+    model.before_backward = [&](std::size_t k) { engine.before_backward(units[k]); };
+    model.after_backward = [&](std::size_t k) { engine.after_backward(units[k]); };
     if (!s.resume.empty()) {
-        load_checkpoint(s.resume, params, optimizer); // any world size, any stage
-        first_step = static_cast<int>(optimizer.steps());
+        load_checkpoint(s.resume, engine); // any world size, any strategy
     }
     // ---------------------------------------------------------------------------------
 
+    const int first_step = static_cast<int>(engine.steps());
     if (rank == 0) {
-        const memory_report m = params.memory();
+        const memory_report m = engine.memory();
         std::printf("zero_adamw: %zu ranks, %zu parameters, global batch %zu; per rank: "
                     "parameters %zu B, gradients %zu B, AdamW state %zu B\n",
-                    ranks, params.numel(), s.batch, m.parameters, m.gradients,
-                    optimizer.state_bytes());
+                    ranks, engine.numel(), s.batch, m.parameters, m.gradients,
+                    engine.optimizer_state_bytes());
         if (first_step > 0) {
             std::printf("zero_adamw: resumed from %s at step %d\n", s.resume.c_str(), first_step);
         }
@@ -126,12 +104,11 @@ int train(C& comm, const settings& s) {
             (static_cast<std::size_t>(step) * s.batch) % samples + rank * shard;
         const auto batch = nn::slice(data, begin, begin + shard);
 
-        params.zero_grad();
         const auto logits = model.forward(batch.x);
         const auto loss = nn::softmax_cross_entropy<float>(logits, batch.labels,
                                                            1.0f / static_cast<float>(shard));
         model.backward(loss.dlogits);
-        const step_result r = optimizer.step(); // waits for the reduce-scatters, clips, updates
+        const step_result r = engine.step(); // reduce-scatters done, clipped, updated, zeroed
 
         loss_and_right[0] = static_cast<double>(loss.loss) / static_cast<double>(ranks);
         loss_and_right[1] = nn::accuracy(logits, batch.labels) / static_cast<double>(ranks);
@@ -151,13 +128,13 @@ int train(C& comm, const settings& s) {
     }
     if (rank == 0) {
         std::printf("zero_adamw: peak %d layers gathered at once, %zu bytes\n",
-                    params.memory().live_units_peak, params.memory().gathered_peak);
+                    engine.memory().live_units_peak, engine.memory().gathered_peak);
     }
     if (!s.save.empty()) {
-        save_checkpoint(s.save, params, optimizer);
+        save_checkpoint(s.save, engine);
         if (rank == 0) {
             std::printf("zero_adamw: saved step %llu to %s\n",
-                        static_cast<unsigned long long>(optimizer.steps()), s.save.c_str());
+                        static_cast<unsigned long long>(engine.steps()), s.save.c_str());
         }
     }
     const bool improved = first_loss < 0 || last_loss < first_loss;

@@ -10,4 +10,5 @@
 #include "unison/ddp/hooks.hpp"
 #include "unison/ddp/join.hpp"
 #include "unison/ddp/loss.hpp"
+#include "unison/ddp/options.hpp"
 #include "unison/ddp/policies.hpp"

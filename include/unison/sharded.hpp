@@ -1,11 +1,14 @@
 #pragma once
 
 /// \file
-/// FSDP and ZeRO: sharded parameters, partitioned optimizer state, their policies
-/// and optimizers, and sharded checkpoints.
+/// FSDP and ZeRO: the sharding engine `fsdp`, the parts it is built from (sharded
+/// parameters, partitioned optimizer state), their policies and options, and sharded
+/// checkpoints (the optimizers are in unison/optim.hpp).
 
+#include "unison/optim.hpp"
 #include "unison/sharded/checkpoint.hpp"
-#include "unison/sharded/optimizers.hpp"
+#include "unison/sharded/fsdp.hpp"
+#include "unison/sharded/options.hpp"
 #include "unison/sharded/partitioned_optimizer.hpp"
 #include "unison/sharded/policies.hpp"
 #include "unison/sharded/sharded_parameters.hpp"

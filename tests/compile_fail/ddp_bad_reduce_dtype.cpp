@@ -1,7 +1,7 @@
-// expect: reduce in a floating-point dtype
+// expect: dtypes are f64, f32, f16 or bf16
 #include <unison/ddp.hpp>
 #include <unison/thread.hpp>
 
 using namespace unison;
-bucketed_reducer<thread_communicator, policy::reduce_dtype<dtype::i32>>* r = nullptr;
+bucketed_reducer<thread_communicator, policy::mixed_precision<dtype::f32, dtype::i32>>* r = nullptr;
 auto n = r->gradient_count();

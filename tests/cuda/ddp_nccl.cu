@@ -9,6 +9,7 @@
 
 #include <unison/ddp.hpp>
 #include <unison/nccl.hpp>
+#include <unison/parallel/device.cuh>
 
 #include <doctest/doctest.h>
 
@@ -36,9 +37,9 @@ TEST_CASE("DDP on device with the NCCL backend averages like the double referenc
                 cudaSetDevice(rank);
                 cuda::stream comm_stream, compute;
                 nccl_communicator comm(comms[static_cast<std::size_t>(rank)], comm_stream, rank);
-                bucketed_reducer<nccl_communicator> reducer(comm);
-                reducer.set_bucket_sizes(4096, 64 * 1024);
-                reducer.use_stream(compute);
+                bucketed_reducer<nccl_communicator> reducer(
+                    comm, {.bucket_bytes = 64 * 1024, .first_bucket_bytes = 4096});
+                cuda::use_device(reducer, rank, compute);
                 std::vector<cuda::device_buffer<float>> grads;
                 std::vector<std::vector<float>> host(sizes.size());
                 for (std::size_t g = 0; g < sizes.size(); ++g) {

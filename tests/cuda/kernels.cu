@@ -13,7 +13,7 @@
 
 #include <unison/kernels.cuh>
 #include <unison/kernels/host.hpp>
-#include <unison/sharded/optimizers.hpp>
+#include <unison/optim.hpp>
 
 #include <doctest/doctest.h>
 

@@ -9,6 +9,7 @@
 
 #include <unison/comm.hpp>
 #include <unison/ddp.hpp>
+#include <unison/parallel/device.cuh>
 #include <unison/thread.hpp>
 #include <unison/thread/device.cuh>
 
@@ -194,9 +195,11 @@ std::vector<std::vector<double>> run_ddp(int ranks, bool on_device, int steps,
         cuda::stream compute;
         std::vector<std::vector<float>> host(sizes.size());
         std::vector<cuda::device_buffer<float>> dev;
-        bucketed_reducer<thread_communicator, Policies...> reducer(comm);
-        reducer.set_bucket_sizes(4096, 64 * 1024);
-        reducer.use_stream(compute);
+        bucketed_reducer<thread_communicator, Policies...> reducer(
+            comm, {.bucket_bytes = 64 * 1024, .first_bucket_bytes = 4096});
+        if (on_device) {
+            cuda::use_device(reducer, 0, compute);
+        }
         for (std::size_t g = 0; g < sizes.size(); ++g) {
             host[g].resize(sizes[g]);
             if (on_device) {

@@ -60,7 +60,8 @@ enum class expect_kind { average, sum };
 /// same on every rank and follows rank 0's ready order.
 template <class Reducer, class T, communicator C>
 void reducer_average_case(C& comm, double tol, expect_kind kind, bool in_buckets, bool mixed,
-                          const std::string& name, std::uint64_t seed = 11) {
+                          const std::string& name, ddp_options options = {},
+                          std::uint64_t seed = 11) {
     const int n = comm.size();
     const int rank = comm.rank();
     test_gradients<T> grads;
@@ -70,8 +71,9 @@ void reducer_average_case(C& comm, double tol, expect_kind kind, bool in_buckets
     grads.extra.assign(mixed ? 999 : 0, 0.0);
     const std::size_t count = grads.f.size() + (mixed ? 1 : 0);
 
-    Reducer reducer(comm);
-    reducer.set_bucket_sizes(4096, 65536);
+    options.first_bucket_bytes = 4096;
+    options.bucket_bytes = 65536;
+    Reducer reducer(comm, options);
     for (std::size_t g = 0; g < grads.f.size(); ++g) {
         reducer.add(grads.f[g], "g" + std::to_string(g));
     }
@@ -192,19 +194,21 @@ void reducer_policy_cases(C& comm) {
                                                      true, "default (f32 + f64)");
     reducer_average_case<bucketed_reducer<C>, double>(comm, 1e-15 * n, expect_kind::average, false,
                                                       false, "f64");
-    reducer_average_case<bucketed_reducer<C, predivide<2.0>>, float>(
-        comm, 4e-7 * n, expect_kind::average, false, true, "predivide<2>");
-    reducer_average_case<bucketed_reducer<C, sum_only>, float>(comm, 4e-7 * n * n, expect_kind::sum,
-                                                               false, true, "sum_only");
+    reducer_average_case<bucketed_reducer<C>, float>(comm, 4e-7 * n, expect_kind::average, false,
+                                                     true, "predivide 2",
+                                                     {.predivide_factor = 2.0});
+    reducer_average_case<bucketed_reducer<C>, float>(comm, 4e-7 * n * n, expect_kind::sum, false,
+                                                     true, "sum", {.average = false});
     reducer_average_case<bucketed_reducer<C, gradients_in_buckets>, float>(
         comm, 4e-7 * n, expect_kind::average, true, true, "gradients_in_buckets");
-    reducer_average_case<bucketed_reducer<C, gradients_in_buckets, predivide<4.0>>, double>(
-        comm, 1e-15 * n, expect_kind::average, true, false, "gradients_in_buckets + predivide<4>");
+    reducer_average_case<bucketed_reducer<C, gradients_in_buckets>, double>(
+        comm, 1e-15 * n, expect_kind::average, true, false, "gradients_in_buckets + predivide 4",
+        {.predivide_factor = 4.0});
     // bf16 keeps 8 significant bits: each input and each partial sum rounds by 2^-9
     // relative, partial sums reach n in magnitude.
-    reducer_average_case<bucketed_reducer<C, reduce_dtype<dtype::bf16>>, float>(
-        comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, false, true, "reduce in bf16");
-    reducer_average_case<bucketed_reducer<C, reduce_dtype<dtype::f16>, divide_after>, float>(
+    reducer_average_case<bucketed_reducer<C, mixed_precision<dtype::f32, dtype::bf16>>, float>(
+        comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, false, false, "reduce in bf16");
+    reducer_average_case<bucketed_reducer<C, mixed_precision<dtype::f32, dtype::f16>>, float>(
         comm, n * n * 0x1.0p-12 + 0x1.0p-11, expect_kind::average, false, false, "reduce in f16");
     reducer_average_case<bucketed_reducer<C, comm_hook<compress_hook<dtype::bf16>>>, float>(
         comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, false, false,
@@ -223,7 +227,7 @@ struct counting_hook {
     void complete(const bucket_ref&) { ++*completions; }
 };
 
-/// accumulate_steps<3>: two micro-steps without communication, then one sync of
+/// accumulate_steps = 3: two micro-steps without communication, then one sync of
 /// the accumulated gradients.
 template <communicator C>
 void reducer_accumulation_case(C& comm, std::uint64_t seed = 21) {
@@ -234,9 +238,9 @@ void reducer_accumulation_case(C& comm, std::uint64_t seed = 21) {
     for (std::size_t s : reducer_sizes) {
         grads.emplace_back(s, 0.0f);
     }
-    bucketed_reducer<C, accumulate_steps<3>, comm_hook<counting_hook>> reducer(
-        comm, counting_hook{&launches, &completions});
-    reducer.set_bucket_sizes(4096, 65536);
+    bucketed_reducer<C, comm_hook<counting_hook>> reducer(
+        comm, {.bucket_bytes = 65536, .first_bucket_bytes = 4096, .accumulate_steps = 3},
+        counting_hook{&launches, &completions});
     for (auto& g : grads) {
         reducer.add(g);
     }
@@ -283,7 +287,7 @@ void reducer_accumulation_case(C& comm, std::uint64_t seed = 21) {
             }
         }
     }
-    UNISON_CHECK_CASE(comm, "accumulate_steps<3>", o);
+    UNISON_CHECK_CASE(comm, "accumulate_steps 3", o);
 }
 
 /// Unused parameters: gradient 2 is not marked on rank 0, gradient 3 on no rank.
@@ -328,8 +332,8 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
         for (std::size_t s : reducer_sizes) {
             grads.emplace_back(s, 0.0f);
         }
-        bucketed_reducer<C, unused_as_zero> reducer(comm);
-        reducer.set_bucket_sizes(4096, 65536);
+        bucketed_reducer<C, unused_as_zero> reducer(
+            comm, {.bucket_bytes = 65536, .first_bucket_bytes = 4096});
         for (auto& g : grads) {
             reducer.add(g);
         }
@@ -378,8 +382,7 @@ void reducer_join_case(C& comm, std::uint64_t seed = 41) {
     for (std::size_t s : reducer_sizes) {
         grads.emplace_back(s, 0.0f);
     }
-    bucketed_reducer<C> reducer(comm);
-    reducer.set_bucket_sizes(4096, 65536);
+    bucketed_reducer<C> reducer(comm, {.bucket_bytes = 65536, .first_bucket_bytes = 4096});
     for (auto& g : grads) {
         reducer.add(g);
     }
@@ -442,10 +445,31 @@ void reducer_error_cases(C& comm) {
                              argument_error);
     }
     {
-        bucketed_reducer<C, gradients_in_buckets, reduce_dtype<dtype::bf16>> r(comm);
-        CHECK_THROWS_WITH_AS(r.add(a, "w"), doctest::Contains("gradients_in_buckets"),
+        // Accumulating over 2 micro-batches but calling finish() once per window (the
+        // trap: every rank would step on its own gradients): the second backward's
+        // mark_ready names the mistake before any step is taken.
+        bucketed_reducer<C> r(comm, {.accumulate_steps = 2});
+        r.add(a, "a");
+        r.start();
+        r.mark_ready(0);                      // micro-batch 1
+        CHECK_THROWS_WITH_AS(r.mark_ready(0), // micro-batch 2, without finish() in between
+                             doctest::Contains("'a' marked ready twice without finish() in "
+                                               "between: call finish() after every backward "
+                                               "(with accumulate_steps = 2, every micro-batch's"),
+                             argument_error);
+        CHECK_FALSE(r.finish()); // used right, the window then synchronizes on its 2nd finish
+        r.mark_ready(0);
+        CHECK(r.finish());
+    }
+    {
+        bucketed_reducer<C, mixed_precision<dtype::f64, dtype::f32>> r(comm);
+        CHECK_THROWS_WITH_AS(r.add(a, "w"),
+                             doctest::Contains("'w' is float but mixed_precision says parameters "
+                                               "and gradients are double"),
                              argument_error);
     }
+    CHECK_THROWS_WITH_AS((bucketed_reducer<C>(comm, {.accumulate_steps = 0})),
+                         doctest::Contains("accumulate_steps is 0"), argument_error);
     {
         std::vector<int> ints(4, 1);
         bucketed_reducer<C> r(comm);
@@ -463,6 +487,21 @@ void reducer_error_cases(C& comm) {
         std::vector<float> x(3, 1.0f);
         all_reduce(comm, x);
         CHECK(x[0] == static_cast<float>(comm.size()));
+    }
+    if (comm.size() > 1) {
+        // ddp::start compares the parameters' sizes before its broadcast, which would
+        // otherwise truncate (MPI kills the job) or read past a buffer.
+        std::vector<float> w(comm.rank() == 1 ? 12 : 10, 1.0f), gw(w.size(), 0.0f);
+        ddp<C> dp(comm);
+        dp.add_parameter(w, gw, "w");
+        CHECK_THROWS_WITH_AS(dp.start(),
+                             doctest::Contains("registered 1 parameters and buffers of different "
+                                               "sizes or dtypes"),
+                             mismatch_error);
+        std::vector<float> x(3, 1.0f);
+        all_reduce(comm, x);
+        CHECK(x[0] == static_cast<float>(comm.size()));
+        CHECK(w[0] == 1.0f); // nothing was broadcast
     }
 }
 

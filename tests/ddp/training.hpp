@@ -93,9 +93,9 @@ private:
 /// every step.
 template <class T, class... Policies, communicator C>
 void ddp_equivalence_case(C& comm, optimizer_kind kind, double tol, const std::string& name,
-                          bool unused_head = false) {
+                          ddp_options options = {}, bool unused_head = false) {
     using ddp_type = ddp<C, Policies...>;
-    constexpr int micro = ddp_type::reducer_type::config::accumulation::steps;
+    const int micro = options.accumulate_steps;
     const auto n = static_cast<std::size_t>(comm.size());
     const auto rank = static_cast<std::size_t>(comm.rank());
     const auto data = nn::make_classification<T>(global_batch * training_steps, mlp_widths.front(),
@@ -104,7 +104,7 @@ void ddp_equivalence_case(C& comm, optimizer_kind kind, double tol, const std::s
     // Every rank starts from a different initialization: start() must broadcast rank 0's.
     nn::mlp<T> model(mlp_widths, 100 + rank, unused_head);
     nn::mlp<T> reference(mlp_widths, 100, unused_head);
-    ddp_type dp(comm);
+    ddp_type dp(comm, options);
     ddp_binding<T, ddp_type> binding(model, dp);
     dp.start();
     binding.refresh_views();
@@ -156,19 +156,21 @@ void ddp_training_cases(C& comm) {
     ddp_equivalence_case<float>(comm, optimizer_kind::adamw, 1e-6, "f32 AdamW");
     ddp_equivalence_case<double>(comm, optimizer_kind::sgd_momentum, 1e-13, "f64 SGD momentum");
     ddp_equivalence_case<double>(comm, optimizer_kind::adamw, 1e-13, "f64 AdamW");
-    ddp_equivalence_case<float, gradients_in_buckets, bucket_size<4096>, first_bucket_size<1024>>(
-        comm, optimizer_kind::adamw, 1e-6, "f32 AdamW, gradients in buckets, small buckets");
-    ddp_equivalence_case<double, accumulate_steps<2>>(comm, optimizer_kind::sgd_momentum, 1e-13,
-                                                      "f64 SGD, accumulate_steps<2>");
-    ddp_equivalence_case<float, accumulate_steps<2>, gradients_in_buckets>(
-        comm, optimizer_kind::adamw, 1e-6, "f32 AdamW, accumulate_steps<2> in buckets");
+    ddp_equivalence_case<float, gradients_in_buckets>(
+        comm, optimizer_kind::adamw, 1e-6, "f32 AdamW, gradients in buckets, small buckets",
+        {.bucket_bytes = 4096, .first_bucket_bytes = 1024});
+    ddp_equivalence_case<double>(comm, optimizer_kind::sgd_momentum, 1e-13,
+                                 "f64 SGD, accumulate_steps 2", {.accumulate_steps = 2});
+    ddp_equivalence_case<float, gradients_in_buckets>(comm, optimizer_kind::adamw, 1e-6,
+                                                      "f32 AdamW, accumulate_steps 2 in buckets",
+                                                      {.accumulate_steps = 2});
     ddp_equivalence_case<double, unused_as_zero>(comm, optimizer_kind::sgd_momentum, 1e-13,
-                                                 "f64 SGD with an unused head", true);
+                                                 "f64 SGD with an unused head", {}, true);
     // bf16 reduction rounds every gradient to 8 significant bits (the per-element
     // bound is checked in reducer_policy_cases); over 20 steps of momentum SGD the
     // parameters drift by up to ~2% of their scale.
-    ddp_equivalence_case<float, reduce_dtype<dtype::bf16>>(comm, optimizer_kind::sgd_momentum, 5e-2,
-                                                           "f32 SGD, reduce in bf16");
+    ddp_equivalence_case<float, mixed_precision<dtype::f32, dtype::bf16>>(
+        comm, optimizer_kind::sgd_momentum, 5e-2, "f32 SGD, reduce in bf16");
 }
 
 /// Loss normalization: ranks and micro-batches hold deliberately uneven numbers of
@@ -176,9 +178,9 @@ void ddp_training_cases(C& comm) {
 /// after every step) equals single-process training on the global mean loss. The
 /// naive per-micro-batch mean is checked to be measurably different, so the case
 /// can tell the two apart.
-template <class T, class... Policies, communicator C>
-void loss_normalization_case(C& comm, double tol, const std::string& name) {
-    using ddp_type = ddp<C, policy::accumulate_steps<2>, Policies...>;
+template <class T, communicator C>
+void loss_normalization_case(C& comm, double tol, const std::string& name, bool average) {
+    using ddp_type = ddp<C>;
     const int n = comm.size();
     const int rank = comm.rank();
     // Rank r holds 1 + 3r samples in its first micro-batch and 2 + 5r in its second;
@@ -197,7 +199,7 @@ void loss_normalization_case(C& comm, double tol, const std::string& name) {
     nn::mlp<T> model(mlp_widths, 200, false);
     nn::mlp<T> naive(mlp_widths, 200, false);
     nn::mlp<T> reference(mlp_widths, 200, false);
-    ddp_type dp(comm);
+    ddp_type dp(comm, {.accumulate_steps = 2, .average = average});
     ddp_type naive_dp(comm);
     ddp_binding<T, ddp_type> binding(model, dp);
     ddp_binding<T, ddp_type> naive_binding(naive, naive_dp);
@@ -273,9 +275,9 @@ void loss_normalization_case(C& comm, double tol, const std::string& name) {
 
 template <communicator C>
 void loss_normalization_cases(C& comm) {
-    loss_normalization_case<double>(comm, 1e-13, "normalize_loss f64, divide_after");
-    loss_normalization_case<float>(comm, 1e-6, "normalize_loss f32, divide_after");
-    loss_normalization_case<double, policy::sum_only>(comm, 1e-13, "normalize_loss f64, sum_only");
+    loss_normalization_case<double>(comm, 1e-13, "normalize_loss f64, average", true);
+    loss_normalization_case<float>(comm, 1e-6, "normalize_loss f32, average", true);
+    loss_normalization_case<double>(comm, 1e-13, "normalize_loss f64, sum", false);
 }
 
 } // namespace unison::test

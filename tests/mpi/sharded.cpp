@@ -30,4 +30,5 @@ TEST_CASE("mpi sharded: checkpoints restage at the same world size, reject bad f
 TEST_CASE("mpi sharded: misuse is reported") {
     auto comm = world();
     unison::test::sharded_misuse_cases(comm);
+    unison::test::fsdp_misuse_cases(comm);
 }

@@ -60,7 +60,7 @@ inline std::vector<std::vector<double>> checkpoint_contents(const std::filesyste
 template <class Sharding, class Precision, communicator C>
 void train_and_save(C& comm, const std::filesystem::path& dir, int steps) {
     using sp_type = sharded_parameters<C, Sharding, Precision>;
-    sp_type sp(comm, hybrid_group(comm.size()));
+    sp_type sp(comm, {.shard_group_size = hybrid_group(comm.size())});
     add_accounting_units(sp);
     sp.start();
     partitioned_optimizer<sp_type, optim::adamw> opt(sp, optim::adamw{});
@@ -77,7 +77,7 @@ template <class Sharding, communicator C>
 std::uint64_t load_and_resave(C& comm, const std::filesystem::path& from,
                               const std::filesystem::path& to) {
     using sp_type = sharded_parameters<C, Sharding>;
-    sp_type sp(comm, hybrid_group(comm.size()));
+    sp_type sp(comm, {.shard_group_size = hybrid_group(comm.size())});
     add_accounting_units(sp);
     sp.start();
     partitioned_optimizer<sp_type, optim::adamw> opt(sp, optim::adamw{});
@@ -201,7 +201,7 @@ void checkpoint_rejection_cases(C& comm) {
 }
 
 /// Same world size, different stage: save zero<3>, load zero<1>, zero<2> and
-/// fsdp<hybrid>, save again; every file set reads back bit for bit.
+/// shard::hybrid, save again; every file set reads back bit for bit.
 template <communicator C>
 void checkpoint_restage_cases(C& comm) {
     using namespace unison::policy;
@@ -209,8 +209,7 @@ void checkpoint_restage_cases(C& comm) {
     train_and_save<zero<3>, mixed_precision<dtype::f32>>(comm, tmp.path() / "z3", 3);
     load_and_resave<zero<1>>(comm, tmp.path() / "z3", tmp.path() / "z1");
     load_and_resave<zero<2>>(comm, tmp.path() / "z1", tmp.path() / "z2");
-    const auto steps =
-        load_and_resave<fsdp<shard::hybrid>>(comm, tmp.path() / "z2", tmp.path() / "hy");
+    const auto steps = load_and_resave<shard::hybrid>(comm, tmp.path() / "z2", tmp.path() / "hy");
     outcome o;
     o.expect(steps == 3, "the step counter came back as " + std::to_string(steps));
     if (comm.rank() == 0) {

@@ -17,75 +17,65 @@
 
 namespace unison::test {
 
-/// Connects an nn::mlp to a sharded_parameters: one unit per linear layer, the
-/// model's forward and backward hooks gather, bind, reduce and release.
-template <class T, class SP>
+/// Connects an nn::mlp to an fsdp engine: one unit per linear layer, each parameter
+/// bound to the engine's memory, the model's layer hooks entering and leaving the
+/// units. This is all the glue a framework with pre/post hooks needs.
+template <class T, class Engine>
 class sharded_binding {
 public:
-    sharded_binding(nn::mlp<T>& model, SP& sp) : model_(&model), sp_(&sp) {
+    sharded_binding(nn::mlp<T>& model, Engine& engine) : model_(&model), engine_(&engine) {
         for (std::size_t k = 0; k < model.layer_count(); ++k) {
-            const auto ps = model.layer_parameters(k);
-            const std::size_t u =
-                sp.add_unit({{ps[0]->name, ps[0]->size()}, {ps[1]->name, ps[1]->size()}});
-            const std::size_t first = sp.parameters_of(u).first;
-            for (std::size_t j = 0; j < ps.size(); ++j) {
-                sp.set_parameter(first + j, ps[j]->own_value);
+            std::vector<typename Engine::parameter> params;
+            for (nn::parameter<T>* p : model.layer_parameters(k)) {
+                params.emplace_back(p->name, p->own_value, [p](view<T> v, view<T> g) {
+                    if (v.data != nullptr) {
+                        p->bind_value(std::span<T>(v.data, v.size));
+                    } else {
+                        p->unbind_value();
+                    }
+                    if (g.data != nullptr) {
+                        p->bind_grad(std::span<T>(g.data, g.size));
+                    }
+                });
             }
+            units_.push_back(engine.add_unit(params));
         }
-        model.before_forward = [this](std::size_t k) {
-            sp_->gather(k, pass::forward);
-            bind(k, false);
-        };
-        model.after_forward = [this](std::size_t k) { sp_->release(k, pass::forward); };
-        model.before_backward = [this](std::size_t k) {
-            sp_->gather(k, pass::backward);
-            bind(k, true);
-        };
+        model.before_forward = [this](std::size_t k) { engine_->before_forward(units_[k]); };
+        model.after_forward = [this](std::size_t k) { engine_->after_forward(units_[k]); };
+        model.before_backward = [this](std::size_t k) { engine_->before_backward(units_[k]); };
         model.after_backward = [this](std::size_t k) {
             if (poison_ && k == 0) {
                 model_->layer_parameters(0)[0]->grad[0] = std::numeric_limits<T>::quiet_NaN();
                 poison_ = false;
             }
-            sp_->reduce_gradients(k);
-            sp_->release(k, pass::backward);
+            engine_->after_backward(units_[k]);
         };
     }
 
     /// The next backward writes a NaN into this rank's first gradient element.
     void poison_next_backward() { poison_ = true; }
 
-    /// Every parameter's full values, in model.parameters() order. Collective at
-    /// stage 3 (gathers each unit in forward order, prefetching, and frees it).
+    const std::vector<unit_handle>& units() const { return units_; }
+
+    /// Every parameter's full values, in model.parameters() order. Collective when
+    /// parameters are sharded (each unit's forward scope gathers it).
     std::vector<std::vector<T>> snapshot() {
         std::vector<std::vector<T>> out;
-        for (std::size_t k = 0; k < sp_->unit_count(); ++k) {
-            sp_->gather(k, pass::forward);
-            const auto [first, last] = sp_->parameters_of(k);
-            for (std::size_t id = first; id < last; ++id) {
-                const auto v = sp_->template parameter<T>(id);
+        for (const unit_handle& u : units_) {
+            auto scope = engine_->forward(u);
+            for (std::size_t j = 0; j < u.size(); ++j) {
+                const auto v = engine_->value(u[j]);
                 out.emplace_back(v.data, v.data + v.size);
             }
-            sp_->release(k, pass::backward);
         }
+        engine_->release_all(); // shard::grad_op keeps forward's units gathered
         return out;
     }
 
 private:
-    void bind(std::size_t k, bool grads) {
-        const auto ps = model_->layer_parameters(k);
-        const std::size_t first = sp_->parameters_of(k).first;
-        for (std::size_t j = 0; j < ps.size(); ++j) {
-            const auto v = sp_->template parameter<T>(first + j);
-            ps[j]->bind_value(std::span<T>(v.data, v.size));
-            if (grads) {
-                const auto g = sp_->template gradient<T>(first + j);
-                ps[j]->bind_grad(std::span<T>(g.data, g.size));
-            }
-        }
-    }
-
     nn::mlp<T>* model_;
-    SP* sp_;
+    Engine* engine_;
+    std::vector<unit_handle> units_;
     bool poison_ = false;
 };
 
@@ -100,6 +90,8 @@ struct sharded_case_options {
     double max_grad_norm = 0.0;
     int poison_step = -1;         ///< a step in which one rank's gradient holds a NaN
     bool no_decay_biases = false; ///< AdamW: biases in a group without weight decay
+    int prefetch = 1;
+    int max_live_units = 0;
 };
 
 /// The references' optimizer: nn's, with the biases in a second AdamW without
@@ -131,14 +123,15 @@ struct reference_optimizer {
     }
 };
 
-/// Sharded training with `Policies` vs DDP vs single-process training, for
-/// `training_steps` steps; `tol` bounds every parameter's relative error after every
-/// step. With a poisoned step, every rank must skip it bit for bit (and the
-/// references skip it too); with clipping, the references clip to the global norm.
-template <class T, class... Policies, communicator C>
-void sharded_equivalence_case(C& comm, optimizer_kind kind, double tol, const std::string& name,
-                              sharded_case_options opts = {}) {
-    using sp_type = sharded_parameters<C, Policies...>;
+/// Sharded training with `Policies` (the engine's strategy and precision; the
+/// optimizer `O`) vs DDP vs single-process training, for `training_steps` steps;
+/// `tol` bounds every parameter's relative error after every step. With a poisoned
+/// step, every rank must skip it bit for bit (and the references skip it too); with
+/// clipping, the references clip to the global norm.
+template <class T, class O, class... Policies, communicator C>
+void sharded_equivalence_run(C& comm, optimizer_kind kind, double tol, const std::string& name,
+                             sharded_case_options opts) {
+    using engine_type = fsdp<C, O, Policies...>;
     const auto n = static_cast<std::size_t>(comm.size());
     const auto rank = static_cast<std::size_t>(comm.rank());
     const auto data = nn::make_classification<T>(global_batch * training_steps, mlp_widths.front(),
@@ -148,21 +141,26 @@ void sharded_equivalence_case(C& comm, optimizer_kind kind, double tol, const st
     nn::mlp<T> ddp_model(mlp_widths, 100 + rank); // ddp start() broadcasts rank 0's
     nn::mlp<T> reference(mlp_widths, 100);
 
-    sp_type sp(comm, hybrid_group(comm.size()));
-    sharded_binding<T, sp_type> binding(model, sp);
-    sp.start();
-    step_options so;
-    so.max_grad_norm = opts.max_grad_norm;
-    std::optional<partitioned_optimizer<sp_type, optim::sgd>> sgd_opt;
-    std::optional<partitioned_optimizer<sp_type, optim::adamw>> adamw_opt;
-    if (kind == optimizer_kind::sgd_momentum) {
-        sgd_opt.emplace(sp, sgd_hyper(), so);
+    O hyper;
+    if constexpr (std::is_same_v<O, optim::sgd>) {
+        hyper = sgd_hyper();
     } else {
-        adamw_opt.emplace(sp, adamw_hyper(), so);
-        for (std::size_t id = 0; id < sp.parameter_count() && opts.no_decay_biases; ++id) {
-            adamw_opt->set_weight_decay(id, !sp.name(id).ends_with(".bias"));
+        hyper = adamw_hyper();
+    }
+    engine_type engine(comm, {.optimizer = hyper,
+                              .max_grad_norm = opts.max_grad_norm,
+                              .prefetch = opts.prefetch,
+                              .max_live_units = opts.max_live_units,
+                              .shard_group_size = hybrid_group(comm.size())});
+    sharded_binding<T, engine_type> binding(model, engine);
+    if constexpr (std::is_same_v<O, optim::adamw>) {
+        for (const unit_handle& u : binding.units()) {
+            for (std::size_t j = 0; j < u.size() && opts.no_decay_biases; ++j) {
+                engine.set_weight_decay(u[j], !engine.name(u[j]).ends_with(".bias"));
+            }
         }
     }
+    engine.start();
 
     using ddp_type = ddp<C>;
     ddp_type dp(comm);
@@ -201,7 +199,6 @@ void sharded_equivalence_case(C& comm, optimizer_kind kind, double tol, const st
         const auto mine = nn::slice(data, base + rank * shard, base + (rank + 1) * shard);
         const bool poisoned = step == opts.poison_step;
 
-        sp.zero_grad();
         if (poisoned && rank == static_cast<std::size_t>(step) % n) {
             binding.poison_next_backward();
         }
@@ -212,8 +209,8 @@ void sharded_equivalence_case(C& comm, optimizer_kind kind, double tol, const st
         if (poisoned) {
             before = binding.snapshot();
         }
-        const step_result r = sgd_opt ? sgd_opt->step() : adamw_opt->step();
-        const std::uint64_t steps = sgd_opt ? sgd_opt->steps() : adamw_opt->steps();
+        const step_result r = engine.step(); // and the gradients are zero again
+        const std::uint64_t steps = engine.steps();
         if (poisoned) {
             o.expect(r.skipped,
                      "step " + std::to_string(step) + ": a NaN gradient was not skipped");
@@ -267,9 +264,9 @@ void sharded_equivalence_case(C& comm, optimizer_kind kind, double tol, const st
             });
         }
     }
-    const memory_report m = sp.memory();
-    if constexpr (sp_type::stage == 3) {
-        const int limit = sp_type::config::live_limit;
+    const memory_report m = engine.memory();
+    if constexpr (engine_type::strategy::params_sharded) {
+        const int limit = opts.max_live_units;
         o.expect(limit == 0 || m.live_units_peak <= limit,
                  "peak of " + std::to_string(m.live_units_peak) + " live units over the limit " +
                      std::to_string(limit));
@@ -277,6 +274,16 @@ void sharded_equivalence_case(C& comm, optimizer_kind kind, double tol, const st
                                           std::to_string(m.gathered_now) + " bytes");
     }
     UNISON_CHECK_CASE(comm, name, o);
+}
+
+template <class T, class... Policies, communicator C>
+void sharded_equivalence_case(C& comm, optimizer_kind kind, double tol, const std::string& name,
+                              sharded_case_options opts = {}) {
+    if (kind == optimizer_kind::sgd_momentum) {
+        sharded_equivalence_run<T, optim::sgd, Policies...>(comm, kind, tol, name, opts);
+    } else {
+        sharded_equivalence_run<T, optim::adamw, Policies...>(comm, kind, tol, name, opts);
+    }
 }
 
 template <communicator C>
@@ -291,15 +298,16 @@ void sharded_training_cases(C& comm) {
     sharded_equivalence_case<float, zero<2>>(comm, sgd, 1e-6, "zero<2> SGD");
     sharded_equivalence_case<float, zero<3>>(comm, adamw, 1e-6, "zero<3> AdamW");
     sharded_equivalence_case<float, zero<3>>(comm, sgd, 1e-6, "zero<3> SGD");
-    sharded_equivalence_case<float, fsdp<shard::full>>(comm, adamw, 1e-6, "fsdp<full> AdamW");
-    sharded_equivalence_case<float, fsdp<shard::grad_op>>(comm, adamw, 1e-6, "fsdp<grad_op> AdamW");
-    sharded_equivalence_case<float, fsdp<shard::none>>(comm, adamw, 1e-6, "fsdp<none> AdamW");
-    sharded_equivalence_case<float, fsdp<shard::hybrid>>(comm, adamw, 1e-6, "fsdp<hybrid> AdamW");
-    sharded_equivalence_case<float, fsdp<shard::hybrid>>(comm, sgd, 1e-6, "fsdp<hybrid> SGD");
-    sharded_equivalence_case<float, fsdp<shard::full>, prefetch<2>, max_live_units<2>>(
-        comm, adamw, 1e-6, "fsdp<full> prefetch<2> max_live_units<2>");
-    sharded_equivalence_case<float, zero<3>, prefetch<0>, reshard_after_forward<false>>(
-        comm, sgd, 1e-6, "zero<3> no prefetch, no reshard after forward");
+    sharded_equivalence_case<float, shard::full>(comm, adamw, 1e-6, "shard::full AdamW");
+    sharded_equivalence_case<float, shard::grad_op>(comm, adamw, 1e-6, "shard::grad_op AdamW");
+    sharded_equivalence_case<float, shard::none>(comm, adamw, 1e-6, "shard::none AdamW");
+    sharded_equivalence_case<float, shard::hybrid>(comm, adamw, 1e-6, "shard::hybrid AdamW");
+    sharded_equivalence_case<float, shard::hybrid>(comm, sgd, 1e-6, "shard::hybrid SGD");
+    sharded_equivalence_case<float, shard::full>(comm, adamw, 1e-6,
+                                                 "shard::full prefetch 2, max_live_units 2",
+                                                 {.prefetch = 2, .max_live_units = 2});
+    sharded_equivalence_case<float, shard::grad_op>(comm, sgd, 1e-6, "shard::grad_op, no prefetch",
+                                                    {.prefetch = 0});
     sharded_equivalence_case<double, zero<3>, mixed_precision<dtype::f64>>(comm, adamw, 1e-13,
                                                                            "zero<3> f64 AdamW");
     // f64 master weights for f32 parameters: the optimizer runs in double and rounds

@@ -29,8 +29,8 @@ std::string ddp_step_and_catch(Fn body) {
     try {
         unison::thread_world(3, short_timeout()).run([&](unison::thread_communicator& comm) {
             std::vector<float> a(5000, 1.0f), b(5000, 2.0f), c(5000, 3.0f);
-            unison::bucketed_reducer<unison::thread_communicator> r(comm);
-            r.set_bucket_sizes(4096, 4096);
+            unison::bucketed_reducer<unison::thread_communicator> r(
+                comm, {.bucket_bytes = 4096, .first_bucket_bytes = 4096});
             r.add(a, "a");
             r.add(b, "b");
             r.add(c, "c");

@@ -49,5 +49,8 @@ TEST_CASE("thread sharded: ZeRO-3 at 4 ranks resumes as ZeRO-1 at 2, DDP at 1, Z
 }
 
 TEST_CASE("thread sharded: misuse is reported") {
-    on_worlds([](auto& comm) { unison::test::sharded_misuse_cases(comm); });
+    on_worlds([](auto& comm) {
+        unison::test::sharded_misuse_cases(comm);
+        unison::test::fsdp_misuse_cases(comm);
+    });
 }

@@ -19,7 +19,7 @@
 //   and parameters that cross zero do not make a relative test meaningless.
 
 #include <unison/kernels/host.hpp>
-#include <unison/sharded/optimizers.hpp>
+#include <unison/optim.hpp>
 
 #include <doctest/doctest.h>
 

@@ -257,10 +257,8 @@ TEST_CASE("torch: bucketed_reducer over 3 thread ranks, marked ready from autogr
         const std::int64_t rank = comm.rank();
         const tiny_model model(features, hidden, classes, torch::kFloat);
         // Small buckets, so the four gradients spread over several of them.
-        unison::bucketed_reducer<unison::thread_communicator, unison::policy::bucket_size<256>,
-                                 unison::policy::first_bucket_size<64>,
-                                 unison::policy::unused_is_error>
-            reducer(comm);
+        unison::bucketed_reducer<unison::thread_communicator, unison::policy::unused_is_error>
+            reducer(comm, {.bucket_bytes = 256, .first_bucket_bytes = 64});
         std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
         std::vector<void*> storage;
         for (const torch::Tensor& p : model.params) {

@@ -81,7 +81,11 @@ struct collective_call {
     dtype type = dtype::u8;
     reduce_op reduction = reduce_op::sum;
     int root = 0; ///< root of broadcast/reduce, peer of send/recv
-    int tag = 0;  ///< send/recv tag
+    /// send/recv: the tag that matches them. Collectives: what the call belongs to
+    /// (the training layer passes the unit or bucket), which every rank must pass
+    /// alike; call matching compares it, so ranks reducing different units of the
+    /// same size are an error rather than mixed data. 0 when unused.
+    int tag = 0;
     device location = device::host();
 };
 

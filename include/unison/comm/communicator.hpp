@@ -46,6 +46,26 @@ concept communicator = std::movable<C> && requires(C& c, const C& cc, const coll
     { c.split(0, 0) } -> std::same_as<C>;
 };
 
+/// A communicator that moves device memory: `device_stream()` is the stream its
+/// device collectives run on (a cudaStream_t; null while it has none, as for a
+/// thread_communicator not attached to a GPU) and `device_location()` the device
+/// its data must be on (host while it has none). `moves_host_memory` says whether
+/// it moves host memory too (the thread backend does, NCCL does not). The training
+/// layer orders a device communicator's stream after the compute stream before each
+/// of its collectives.
+template <class C>
+concept device_communicator = communicator<C> && requires(const C& c) {
+    { c.device_stream() } -> std::same_as<void*>;
+    { c.device_location() } -> std::same_as<device>;
+    { C::moves_host_memory } -> std::convertible_to<bool>;
+};
+
+/// Whether communicator `C` moves host memory: every backend but NCCL.
+template <class C>
+inline constexpr bool moves_host_memory = true;
+template <device_communicator C>
+inline constexpr bool moves_host_memory<C> = C::moves_host_memory;
+
 /// Waits for every request in `requests`, in order; the first error is rethrown
 /// after all the others have been waited on, so no operation is left in flight.
 template <request R>

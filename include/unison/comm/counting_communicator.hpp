@@ -47,7 +47,8 @@ struct traffic {
     }
 };
 
-/// Counts the traffic of `C` (see the file comment). Models `communicator`.
+/// Counts the traffic of `C` (see the file comment). Models `communicator`, and
+/// `device_communicator` when `C` does.
 template <communicator C>
 class counting_communicator {
 public:
@@ -90,6 +91,16 @@ public:
     void reset() noexcept { *counts_ = table{}; }
 
     C& inner() noexcept { return *inner_; }
+
+    /// Those of `C`, when it is a device_communicator (so a counted NCCL or
+    /// GPU-attached thread communicator still carries device state).
+    static constexpr bool moves_host_memory = unison::moves_host_memory<C>;
+    void* device_stream() const noexcept requires device_communicator<C> {
+        return inner_->device_stream();
+    }
+    device device_location() const noexcept requires device_communicator<C> {
+        return inner_->device_location();
+    }
 
 private:
     counting_communicator(std::shared_ptr<C> owned, std::shared_ptr<table> counts)

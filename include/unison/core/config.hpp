@@ -9,10 +9,20 @@
 #define UNISON_VERSION_MINOR 1
 #define UNISON_VERSION_PATCH 0
 
-/// True inside a translation unit compiled by nvcc (or clang CUDA).
+/// True inside a translation unit compiled by a CUDA compiler (nvcc, clang CUDA):
+/// kernels can be defined and launched. Only kernels/, thread/device.cuh and
+/// parallel/device.cuh depend on it; the classes of ddp/ and sharded/ compile the
+/// same in every translation unit.
 #if defined(__CUDACC__)
-#define UNISON_HAS_CUDA() 1
-#elif defined(UNISON_WITH_CUDA)
+#define UNISON_CUDA_COMPILATION() 1
+#else
+#define UNISON_CUDA_COMPILATION() 0
+#endif
+
+/// True where the CUDA runtime API (cudart) is available: in a CUDA translation
+/// unit, or in one whose target links `unison::cuda` (which defines
+/// UNISON_WITH_CUDA). No kernels can be launched from the latter.
+#if UNISON_CUDA_COMPILATION() || defined(UNISON_WITH_CUDA)
 #define UNISON_HAS_CUDA() 1
 #else
 #define UNISON_HAS_CUDA() 0
@@ -32,21 +42,8 @@
 #define UNISON_HAS_MPI() 0
 #endif
 
-/// The inline namespace of the parts whose code differs between translation units
-/// compiled by nvcc (which launch kernels on device state) and by a host compiler
-/// (which cannot): bucketed_reducer, ddp, sharded_parameters, partitioned_optimizer
-/// and their memory helpers. A program that mixes .cpp and .cu translation units
-/// then links two sets of symbols instead of one silently replacing the other.
-/// Users never name it (`unison::ddp` finds it); objects must not cross between the
-/// two kinds of translation unit.
-#if defined(__CUDACC__)
-#define UNISON_TU_ABI cuda_tu
-#else
-#define UNISON_TU_ABI host_tu
-#endif
-
 /// Marks functions usable from both host and device code.
-#if defined(__CUDACC__)
+#if UNISON_CUDA_COMPILATION()
 #define UNISON_HOST_DEVICE __host__ __device__
 #else
 #define UNISON_HOST_DEVICE

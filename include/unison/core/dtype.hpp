@@ -123,4 +123,25 @@ constexpr dtype checked_dtype_of() noexcept {
 template <class T>
 inline constexpr dtype dtype_of = detail::checked_dtype_of<T>();
 
+namespace detail {
+template <dtype D>
+struct element_of_impl {
+    static_assert(D != D, "unison::element_t: no element type for this dtype");
+};
+// clang-format off
+template <> struct element_of_impl<dtype::f64> { using type = double; };
+template <> struct element_of_impl<dtype::f32> { using type = float; };
+template <> struct element_of_impl<dtype::f16> { using type = half; };
+template <> struct element_of_impl<dtype::bf16> { using type = bf16; };
+template <> struct element_of_impl<dtype::i64> { using type = std::int64_t; };
+template <> struct element_of_impl<dtype::i32> { using type = std::int32_t; };
+template <> struct element_of_impl<dtype::i8> { using type = std::int8_t; };
+template <> struct element_of_impl<dtype::u8> { using type = std::uint8_t; };
+// clang-format on
+} // namespace detail
+
+/// The element type of dtype `D` (the inverse of dtype_of).
+template <dtype D>
+using element_t = typename detail::element_of_impl<D>::type;
+
 } // namespace unison

@@ -18,10 +18,10 @@
 /// from the order gradients actually became ready on rank 0, broadcast so every
 /// rank builds the same buckets.
 ///
-/// Gradients on a CUDA device (all on one device; the translation unit compiled by
-/// nvcc, since this path launches kernels) are packed by one multi-tensor kernel
-/// per bucket on the compute stream (`use_stream`; the legacy default stream
-/// unless set) once the bucket is complete; the reduction runs on the
+/// Gradients on a CUDA device (all on one device; `unison::cuda::use_device(reducer,
+/// dev, compute)` from a CUDA translation unit installs the kernels, see
+/// parallel/device.cuh) are packed by one multi-tensor kernel per bucket on the
+/// compute stream once the bucket is complete; the reduction runs on the
 /// communicator's stream (NCCL's, or the thread backend's device stream), ordered
 /// after the pack by an event; `finish()` waits for each reduction (bounded by the
 /// communicator's timeout) and unpacks with one kernel per bucket on the compute
@@ -34,23 +34,17 @@
 
 #include "unison/comm/collectives.hpp"
 #include "unison/comm/communicator.hpp"
-#include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/convert.hpp"
 #include "unison/core/detail/hash.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/tensor.hpp"
 #include "unison/ddp/detail/bucket_plan.hpp"
+#include "unison/ddp/detail/config.hpp"
 #include "unison/ddp/hooks.hpp"
+#include "unison/ddp/options.hpp"
 #include "unison/ddp/policies.hpp"
-
-#include "unison/comm/detail/placement.hpp"
-
-#if UNISON_HAS_CUDA()
-#include <cuda_runtime_api.h>
-#endif
-#if defined(__CUDACC__)
-#include "unison/kernels/multi_tensor.cuh"
-#endif
+#include "unison/parallel/detail/control.hpp"
+#include "unison/parallel/detail/placement.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -67,81 +61,24 @@
 
 namespace unison {
 
-namespace detail {
-
-template <class C>
-inline constexpr bool is_ddp_category = std::is_same_v<C, policy::category::bucket_size> ||
-                                        std::is_same_v<C, policy::category::first_bucket_size> ||
-                                        std::is_same_v<C, policy::category::averaging> ||
-                                        std::is_same_v<C, policy::category::reduce_dtype> ||
-                                        std::is_same_v<C, policy::category::unused_parameters> ||
-                                        std::is_same_v<C, policy::category::accumulation> ||
-                                        std::is_same_v<C, policy::category::comm_hook> ||
-                                        std::is_same_v<C, policy::category::gradient_memory>;
-
-/// The resolved configuration of a policy list.
-template <class... Ps>
-struct ddp_config {
-    static_assert((is_ddp_category<category_of_t<Ps>> && ...),
-                  "unison::bucketed_reducer / unison::ddp: every argument after the communicator "
-                  "must be a DDP policy from unison::policy (bucket_size, first_bucket_size, "
-                  "divide_after, predivide, sum_only, reduce_dtype, unused_as_zero, "
-                  "unused_is_error, accumulate_steps, comm_hook, gradients_in_buckets)");
-    static_assert(count_category<policy::category::bucket_size, Ps...> <= 1,
-                  "unison DDP policies: more than one bucket_size given");
-    static_assert(count_category<policy::category::first_bucket_size, Ps...> <= 1,
-                  "unison DDP policies: more than one first_bucket_size given");
-    static_assert(count_category<policy::category::averaging, Ps...> <= 1,
-                  "unison DDP policies: conflicting averaging policies (give one of "
-                  "divide_after, predivide<F>, sum_only)");
-    static_assert(count_category<policy::category::reduce_dtype, Ps...> <= 1,
-                  "unison DDP policies: more than one reduce dtype given");
-    static_assert(count_category<policy::category::unused_parameters, Ps...> <= 1,
-                  "unison DDP policies: conflicting unused-parameter policies (give one of "
-                  "unused_as_zero, unused_is_error)");
-    static_assert(count_category<policy::category::accumulation, Ps...> <= 1,
-                  "unison DDP policies: more than one accumulate_steps given");
-    static_assert(count_category<policy::category::comm_hook, Ps...> <= 1,
-                  "unison DDP policies: more than one comm_hook given");
-    static_assert(count_category<policy::category::gradient_memory, Ps...> <= 1,
-                  "unison DDP policies: conflicting gradient-memory policies (give one of "
-                  "gradients_in_buckets, gradients_separate)");
-
-    using bucket_size = select_policy_t<policy::bucket_size<25 * policy::MiB>,
-                                        policy::category::bucket_size, Ps...>;
-    using first_bucket_size = select_policy_t<policy::first_bucket_size<policy::MiB>,
-                                              policy::category::first_bucket_size, Ps...>;
-    using averaging = select_policy_t<policy::divide_after, policy::category::averaging, Ps...>;
-    using reduce_dtype =
-        select_policy_t<policy::reduce_in_gradient_dtype, policy::category::reduce_dtype, Ps...>;
-    using unused =
-        select_policy_t<policy::unused_as_zero, policy::category::unused_parameters, Ps...>;
-    using accumulation =
-        select_policy_t<policy::accumulate_steps<1>, policy::category::accumulation, Ps...>;
-    using hook = typename select_policy_t<policy::comm_hook<all_reduce_hook>,
-                                          policy::category::comm_hook, Ps...>::type;
-    using gradient_memory =
-        select_policy_t<policy::gradients_separate, policy::category::gradient_memory, Ps...>;
-};
-
-} // namespace detail
-
-inline namespace UNISON_TU_ABI {
-
 /// Buckets gradients and all-reduces them while backward runs. `C` is any
-/// communicator; `Policies` come from unison::policy (see policies.hpp).
+/// communicator; `Policies` come from unison::policy (see ddp/policies.hpp), the
+/// numbers from `ddp_options`.
 template <communicator C, class... Policies>
 class bucketed_reducer {
 public:
     using config = detail::ddp_config<Policies...>;
     using hook_type = typename config::hook;
     using request_type = typename C::request_type;
+    static_assert(bucket_hook<hook_type, C>,
+                  "unison DDP: the comm_hook's type needs `request_type launch(C&, const "
+                  "bucket_ref&)` returning the communicator's request (see ddp/hooks.hpp)");
 
     /// The reducer keeps a reference to `comm`, which must outlive it.
-    explicit bucketed_reducer(C& comm, hook_type hook = {})
-        : comm_(&comm), hook_(std::move(hook)),
-          first_bucket_bytes_(config::first_bucket_size::bytes),
-          bucket_bytes_(config::bucket_size::bytes) {}
+    explicit bucketed_reducer(C& comm, ddp_options options = {}, hook_type hook = {})
+        : comm_(&comm), options_(options), hook_(std::move(hook)) {
+        options_.validate(comm.rank(), "bucketed_reducer");
+    }
 
     bucketed_reducer(const bucketed_reducer&) = delete;
     bucketed_reducer& operator=(const bucketed_reducer&) = delete;
@@ -169,9 +106,12 @@ public:
             fail("add", "gradient '" + name + "' has dtype " + std::string(to_string(b.type)) +
                             "; gradients are floating point (f64, f32, f16, bf16)");
         }
-        if (b.location.is_cuda()) {
-            detail::placement::require_device_code(comm_->rank(), "bucketed_reducer add",
-                                                   b.location);
+        if constexpr (!config::own_dtype) {
+            if (b.type != config::precision::param) {
+                fail("add", "gradient '" + name + "' is " + std::string(to_string(b.type)) +
+                                " but mixed_precision says parameters and gradients are " +
+                                std::string(to_string(config::precision::param)));
+            }
         }
         if (!entries_.empty() && b.location != entries_.front().grad.location) {
             fail("add", "gradient '" + name + "' is on " + to_string(b.location) + " and '" +
@@ -183,13 +123,7 @@ public:
             fail("add", "gradient '" + name + "' has " + std::to_string(b.count) +
                             " elements but no storage");
         }
-        const dtype bucket_type =
-            config::reduce_dtype::own_dtype ? b.type : config::reduce_dtype::type;
-        if (config::gradient_memory::in_buckets && bucket_type != b.type) {
-            fail("add", "gradient '" + name + "' is " + std::string(to_string(b.type)) +
-                            " but buckets are " + std::string(to_string(bucket_type)) +
-                            ": gradients_in_buckets needs the reduce dtype to be the gradients'");
-        }
+        const dtype bucket_type = bucket_dtype(b.type);
         entries_.push_back(entry{b, std::move(name), bucket_type});
         return index;
     }
@@ -211,11 +145,9 @@ public:
             fail("rebind", "gradient '" + e.name + "' rebound while its reduction is in flight");
         }
         e.grad = b;
-#if defined(__CUDACC__)
-        if (started_ && on_device()) {
+        if (started_ && place_.on_device()) {
             make_plans(buckets_[e.bucket]);
         }
-#endif
     }
 
     /// Freezes the registration, checks that every rank registered the same
@@ -225,6 +157,7 @@ public:
         if (started_) {
             fail("start", "start() called twice");
         }
+        check_placement();
         verify_layout();
         std::vector<std::size_t> order(entries_.size());
         for (std::size_t k = 0; k < order.size(); ++k) {
@@ -233,32 +166,46 @@ public:
         build(order, /*carry_values=*/false);
         if constexpr (config::gradient_memory::in_buckets) {
             for (entry& e : entries_) {
-                detail::place_scale_cast(place(), slot(e), e.bucket_type, e.grad.data, e.grad.type,
-                                         e.grad.count);
+                place_.scale_cast(slot(e), e.bucket_type, e.grad.data, e.grad.type, e.grad.count);
             }
-#if UNISON_HAS_CUDA()
-            if (on_device()) { // the caller may free or reuse its gradients now
-                UNISON_CHECK_CUDA(cudaStreamSynchronize(compute_stream()), comm_->rank(),
-                                  "bucketed_reducer start");
-            }
-#endif
+            place_.synchronize(); // the caller may free or reuse its gradients now
         }
         started_ = true;
+    }
+
+    /// For `unison::cuda::use_device` (parallel/device.cuh): device gradients are
+    /// packed, cast and unpacked by kernels on the installer's compute stream.
+    /// Before start().
+    template <class Installer>
+    void install_device(Installer& installer) {
+        if (started_) {
+            fail("use_device", "the reducer is started already; place it before start()");
+        }
+        place_ = detail::placement{installer.ops()};
     }
 
     // ----------------------------------------------------------------- a step
 
     /// Gradient `i` is final for this backward pass. Packs it into its bucket and,
     /// once its bucket (and every bucket before it) is complete, launches the
-    /// bucket's reduction. On a micro-step that only accumulates, does nothing.
+    /// bucket's reduction. On a micro-batch that only accumulates, only records it.
     void mark_ready(std::size_t i) {
         require_started("mark_ready");
         entry& e = at(i, "mark_ready");
-        if (!sync_step()) {
-            return;
-        }
         if (e.ready) {
-            fail("mark_ready", "gradient '" + e.name + "' marked ready twice in one step");
+            fail("mark_ready",
+                 "gradient '" + e.name +
+                     "' marked ready twice without finish() in between: "
+                     "call finish() after every backward" +
+                     (options_.accumulate_steps > 1
+                          ? " (with accumulate_steps = " +
+                                std::to_string(options_.accumulate_steps) +
+                                ", every micro-batch's; the last one of each window synchronizes)"
+                          : std::string()));
+        }
+        if (!sync_step()) {
+            e.ready = true;
+            return;
         }
         make_ready(i, /*zero=*/false);
         launch_ready_buckets();
@@ -280,13 +227,18 @@ public:
         launch_ready_buckets();
     }
 
-    /// Ends the step. On a synchronizing step: gradients never marked ready count as
-    /// zero (with `unused_is_error`, an error naming them after the reductions
-    /// completed), every bucket is waited for and the averaged gradients are written
-    /// back; returns true. On an accumulating micro-step returns false at once.
+    /// Ends a backward pass; call it after every one. On a synchronizing step (every
+    /// step, or the last micro-batch of each accumulate_steps window): gradients never
+    /// marked ready count as zero (with `unused_is_error`, an error naming them after
+    /// the reductions completed), every bucket is waited for and the averaged
+    /// gradients are written back; returns true. On a micro-batch that only
+    /// accumulates returns false at once: step the optimizer only after true.
     bool finish() {
         require_started("finish");
         if (!sync_step()) {
+            for (entry& e : entries_) {
+                e.ready = false;
+            }
             ++micro_step_;
             return false;
         }
@@ -354,18 +306,15 @@ public:
 
     // ---------------------------------------------------------------- queries
 
-    /// Whether the current micro-step synchronizes (the K-th of accumulate_steps<K>).
-    bool sync_step() const noexcept {
-        return micro_step_ + 1 >= config::accumulation::steps;
-    }
+    /// Whether the current micro-batch synchronizes (the last of each window).
+    bool sync_step() const noexcept { return micro_step_ + 1 >= options_.accumulate_steps; }
     /// What the reduced sum is divided by in the next synchronizing step: the
-    /// contributing ranks under averaging, 1 under `sum_only`.
+    /// contributing ranks when averaging, 1 for a plain sum.
     double averaging_divisor() const noexcept {
-        if constexpr (config::averaging::average) {
-            return static_cast<double>(contributing_ > 0 ? contributing_ : comm_->size());
-        } else {
+        if (!options_.average) {
             return 1.0;
         }
+        return static_cast<double>(contributing_ > 0 ? contributing_ : comm_->size());
     }
 
     /// With `gradients_in_buckets`: gradient `i`, inside its bucket. Views change when
@@ -386,13 +335,9 @@ public:
         return view<T>{static_cast<T*>(slot(e)), e.grad.count, e.grad.location};
     }
     /// Bumped whenever bucket memory moves (at the rebuild).
-    std::uint64_t layout_version() const noexcept {
-        return layout_version_;
-    }
+    std::uint64_t layout_version() const noexcept { return layout_version_; }
     /// Whether the buckets were rebuilt from the observed ready order yet.
-    bool rebuilt() const noexcept {
-        return rebuilt_;
-    }
+    bool rebuilt() const noexcept { return rebuilt_; }
 
     /// Registration indices per bucket, in launch order.
     std::vector<std::vector<std::size_t>> bucket_layout() const {
@@ -402,50 +347,21 @@ public:
         }
         return layout;
     }
-    std::size_t bucket_count() const noexcept {
-        return buckets_.size();
-    }
-    std::size_t gradient_count() const noexcept {
-        return entries_.size();
-    }
-    const std::string& name(std::size_t i) const {
-        return entries_.at(i).name;
-    }
+    std::size_t bucket_count() const noexcept { return buckets_.size(); }
+    std::size_t gradient_count() const noexcept { return entries_.size(); }
+    /// Gradient `i`'s name.
+    const std::string& name(std::size_t i) const { return entries_.at(i).name; }
 
-    /// Bucket sizes in bytes used by start() and the rebuild (overrides the
-    /// policies; for tuning sweeps). Before start() only.
-    void set_bucket_sizes(std::size_t first_bytes, std::size_t bytes) {
-        if (started_) {
-            fail("set_bucket_sizes", "bucket sizes changed after start()");
-        }
-        if (first_bytes == 0 || bytes == 0) {
-            fail("set_bucket_sizes", "bucket sizes must be positive");
-        }
-        first_bucket_bytes_ = first_bytes;
-        bucket_bytes_ = bytes;
-    }
+    const ddp_options& options() const noexcept { return options_; }
+    hook_type& hook() noexcept { return hook_; }
+    C& communicator() noexcept { return *comm_; }
 
-    hook_type& hook() noexcept {
-        return hook_;
-    }
-    C& communicator() noexcept {
-        return *comm_;
-    }
-
-#if UNISON_HAS_CUDA()
-    /// Device gradients: the stream backward produces them on, on which packing and
-    /// unpacking run (the legacy default stream unless set).
-    void use_stream(cudaStream_t compute) noexcept {
-        compute_ = compute;
-    }
-    cudaStream_t compute_stream() const noexcept {
-        return static_cast<cudaStream_t>(compute_);
-    }
-#endif
     /// Where the gradients live (host, or the CUDA device of all of them).
     device location() const noexcept {
         return entries_.empty() ? device::host() : entries_.front().grad.location;
     }
+    /// Where the buckets live and device work runs (host unless use_device).
+    const detail::placement& placement() const noexcept { return place_; }
 
 private:
     struct entry {
@@ -454,30 +370,34 @@ private:
         dtype bucket_type = dtype::f32;
         std::size_t bucket = 0;
         std::size_t offset = 0; // elements into the bucket
-        bool ready = false;
-        bool zero = false; // device gradients: contributes zero this step
+        bool ready = false;     // marked in this step (or micro-batch)
+        bool zero = false;      // device gradients: contributes zero this step
+    };
+    /// Device gradients: pack (grads -> bucket) and unpack (bucket -> grads) tables,
+    /// one pair per gradient dtype among a bucket's members.
+    struct device_plans {
+        dtype grad_type;
+        std::unique_ptr<detail::device_plan> pack, unpack;
     };
     struct bucket {
         dtype type = dtype::f32;
         std::vector<std::size_t> members;
         std::size_t count = 0;
-        detail::flat_bytes storage; ///< where the gradients are
-#if defined(__CUDACC__)
-        /// Device gradients: pack (grads -> bucket) and unpack (bucket -> grads)
-        /// tables, one pair per gradient dtype among the members.
-        struct plans {
-            dtype grad_type;
-            kernels::multi_tensor_plan pack, unpack;
-        };
-        std::vector<plans> device_plans;
-#endif
+        detail::flat_buffer storage; ///< where the gradients are
+        std::vector<device_plans> plans;
         std::size_t pending = 0;
         bool any_zero = false; ///< a member contributes zero this step
         std::optional<request_type> request;
-        std::byte* data() const noexcept {
-            return storage.data();
-        }
+        std::byte* data() const noexcept { return storage.data(); }
     };
+
+    static dtype bucket_dtype(dtype grad_type) noexcept {
+        if constexpr (config::own_dtype) {
+            return grad_type;
+        } else {
+            return config::precision::reduce;
+        }
+    }
 
     [[noreturn]] void fail(const char* what, const std::string& detail) const {
         throw argument_error(comm_->rank(), std::string("bucketed_reducer ") + what, detail);
@@ -501,20 +421,26 @@ private:
         bucket& b = buckets_[k];
         return bucket_ref{k, buffer{b.data(), b.count, b.type, location()}, b.members};
     }
-    bool on_device() const noexcept {
-        return location().is_cuda();
+
+    /// Device gradients need the device kernels, on their own device; host ones none.
+    void check_placement() const {
+        const device at = location();
+        if (at.is_cuda() && !place_.on_device()) {
+            fail("start",
+                 "the gradients are on " + to_string(at) +
+                     ": install the device kernels first with "
+                     "unison::cuda::use_device(reducer, " +
+                     std::to_string(at.index) +
+                     ", stream) from a CUDA translation unit (unison/parallel/device.cuh)");
+        }
+        if (place_.on_device() && at != place_.where()) {
+            fail("start", "use_device placed the reducer on " + to_string(place_.where()) +
+                              " but the gradients are on " + to_string(at));
+        }
     }
 
-    detail::placement place() const noexcept {
-        return {location(), compute_};
-    }
-
-    double pre_scale() const noexcept {
-        return 1.0 / config::averaging::factor;
-    }
-    double post_scale() const noexcept {
-        return config::averaging::factor / averaging_divisor();
-    }
+    double pre_scale() const noexcept { return 1.0 / options_.predivide_factor; }
+    double post_scale() const noexcept { return options_.predivide_factor / averaging_divisor(); }
 
     void make_ready(std::size_t i, bool zero) {
         entry& e = entries_[i];
@@ -523,7 +449,7 @@ private:
             ready_order_.push_back(i);
         }
         void* dst = slot(e);
-        if (on_device()) {
+        if (place_.on_device()) {
             // Packed per bucket at launch (one kernel); zeros written then too.
             buckets_[e.bucket].any_zero = buckets_[e.bucket].any_zero || zero;
             e.zero = zero;
@@ -544,7 +470,7 @@ private:
     void launch_ready_buckets() {
         while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
             const std::size_t k = next_launch_++;
-            if (on_device()) {
+            if (place_.on_device()) {
                 pack_on_device(k);
             }
             request_type r = hook_.launch(*comm_, ref(k));
@@ -560,7 +486,7 @@ private:
     }
 
     void unpack(bucket& b, double post) {
-        if (on_device()) {
+        if (place_.on_device()) {
             unpack_on_device(b, post);
             return;
         }
@@ -604,8 +530,8 @@ private:
             counts.push_back(e.grad.count);
             types.push_back(e.bucket_type);
         }
-        std::vector<detail::planned_bucket> plan =
-            detail::plan_buckets(order, counts, types, first_bucket_bytes_, bucket_bytes_);
+        std::vector<detail::planned_bucket> plan = detail::plan_buckets(
+            order, counts, types, options_.first_bucket_bytes, options_.bucket_bytes);
         std::vector<bucket> fresh(plan.size());
         std::vector<entry> placed = entries_;
         for (std::size_t k = 0; k < plan.size(); ++k) {
@@ -617,34 +543,25 @@ private:
                 placed[g].offset = b.count;
                 b.count += entries_[g].grad.count;
             }
-            b.storage = detail::flat_bytes(b.count * size_of(b.type), location());
+            b.storage = detail::flat_buffer(b.count * size_of(b.type), place_);
             b.pending = b.members.size();
         }
         if (carry_values) {
             for (std::size_t g = 0; g < entries_.size(); ++g) {
                 const entry& from = entries_[g];
                 const entry& to = placed[g];
-                detail::place_scale_cast(
-                    place(), fresh[to.bucket].data() + to.offset * size_of(to.bucket_type),
-                    to.bucket_type, slot(from), from.bucket_type, from.grad.count);
+                place_.scale_cast(fresh[to.bucket].data() + to.offset * size_of(to.bucket_type),
+                                  to.bucket_type, slot(from), from.bucket_type, from.grad.count);
             }
+            place_.synchronize(); // the old buckets are freed below
         }
-#if UNISON_HAS_CUDA()
-        if (on_device() && carry_values) {
-            // The old buckets are freed below: let the copies out of them finish.
-            UNISON_CHECK_CUDA(cudaStreamSynchronize(compute_stream()), comm_->rank(),
-                              "bucketed_reducer rebuild");
-        }
-#endif
         buckets_ = std::move(fresh);
         entries_ = std::move(placed);
-#if defined(__CUDACC__)
-        if (on_device()) {
+        if (place_.on_device()) {
             for (bucket& b : buckets_) {
                 make_plans(b);
             }
         }
-#endif
         ++layout_version_;
     }
 
@@ -652,69 +569,56 @@ private:
     /// gradient dtype among them; zero contributions are written after; then the
     /// communicator's stream waits for the compute stream.
     void pack_on_device(std::size_t k) {
-#if defined(__CUDACC__)
         bucket& b = buckets_[k];
+        detail::device_ops& ops = *place_.ops;
         const double pre = pre_scale();
         if constexpr (config::gradient_memory::in_buckets) {
             if (pre != 1.0) {
-                kernels::scale_cast(b.data(), b.type, b.data(), b.type, b.count, pre, false,
-                                    compute_stream());
+                ops.scale_cast(b.data(), b.type, b.data(), b.type, b.count, pre);
             }
         } else if (!b.any_zero) {
-            for (const auto& p : b.device_plans) {
-                kernels::multi_scale_cast(p.pack, b.type, p.grad_type, pre, false,
-                                          compute_stream());
+            for (const device_plans& p : b.plans) {
+                ops.multi_scale_cast(*p.pack, b.type, p.grad_type, pre);
             }
         } else {
             for (std::size_t g : b.members) {
                 const entry& e = entries_[g];
                 if (!e.zero) {
-                    kernels::scale_cast(slot(e), e.bucket_type, e.grad.data, e.grad.type,
-                                        e.grad.count, pre, false, compute_stream());
+                    ops.scale_cast(slot(e), e.bucket_type, e.grad.data, e.grad.type, e.grad.count,
+                                   pre);
                 }
             }
         }
         for (std::size_t g : b.members) {
             const entry& e = entries_[g];
             if (e.zero) {
-                detail::place_zero(place(), slot(e), e.bucket_type, e.grad.count);
+                place_.zero(slot(e), e.bucket_type, e.grad.count);
             }
         }
-        fence_.order(place(), *comm_, "bucketed_reducer");
-#else
-        (void)k;
-#endif
+        place_.order_before(*comm_, "bucketed_reducer");
     }
 
     void unpack_on_device(bucket& b, double post) {
-#if defined(__CUDACC__)
+        detail::device_ops& ops = *place_.ops;
         if constexpr (config::gradient_memory::in_buckets) {
             if (post != 1.0) {
-                kernels::scale_cast(b.data(), b.type, b.data(), b.type, b.count, post, false,
-                                    compute_stream());
+                ops.scale_cast(b.data(), b.type, b.data(), b.type, b.count, post);
             }
         } else {
-            for (const auto& p : b.device_plans) {
-                kernels::multi_scale_cast(p.unpack, p.grad_type, b.type, post, false,
-                                          compute_stream());
+            for (const device_plans& p : b.plans) {
+                ops.multi_scale_cast(*p.unpack, p.grad_type, b.type, post);
             }
         }
-#else
-        (void)b;
-        (void)post;
-#endif
     }
 
-#if defined(__CUDACC__)
     void make_plans(bucket& b) {
-        b.device_plans.clear();
+        b.plans.clear();
         std::vector<dtype> types;
         for (std::size_t g : b.members) {
             if (std::find(types.begin(), types.end(), entries_[g].grad.type) == types.end()) {
                 types.push_back(entries_[g].grad.type);
             }
         }
-        cuda::device_guard guard(location().index);
         for (dtype t : types) {
             std::vector<kernels::copy_piece> pack, unpack;
             for (std::size_t g : b.members) {
@@ -724,16 +628,15 @@ private:
                     unpack.push_back({slot(e), e.grad.data, e.grad.count});
                 }
             }
-            b.device_plans.push_back(
-                {t, kernels::multi_tensor_plan(pack), kernels::multi_tensor_plan(unpack)});
+            b.plans.push_back({t, place_.ops->plan(std::span<const kernels::copy_piece>(pack)),
+                               place_.ops->plan(std::span<const kernels::copy_piece>(unpack))});
         }
     }
-#endif
 
     /// Rebuilds the buckets from rank 0's observed ready order, once.
     void rebuild() {
         std::vector<std::int64_t> order(ready_order_.begin(), ready_order_.end());
-        detail::control_broadcast(*comm_, std::span<std::int64_t>(order), 0);
+        detail::control_broadcast(*comm_, place_, std::span<std::int64_t>(order), 0);
         std::vector<std::size_t> chosen;
         std::vector<bool> seen(entries_.size(), false);
         for (std::int64_t g : order) {
@@ -760,30 +663,16 @@ private:
             mix(static_cast<std::uint64_t>(e.grad.type));
             mix(static_cast<std::uint64_t>(e.bucket_type));
         }
-        const std::vector<std::int64_t> mine{static_cast<std::int64_t>(entries_.size()),
-                                             static_cast<std::int64_t>(hash)};
-        std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm_->size()));
-        detail::control_all_gather(*comm_, std::span<const std::int64_t>(mine),
-                                   std::span<std::int64_t>(all));
-        for (int r = 0; r < comm_->size(); ++r) {
-            const auto n = all[2 * static_cast<std::size_t>(r)];
-            const auto h = all[2 * static_cast<std::size_t>(r) + 1];
-            if (n != mine[0] || h != mine[1]) {
-                throw mismatch_error(
-                    comm_->rank(), "bucketed_reducer start",
-                    "rank " + std::to_string(r) + " registered " + std::to_string(n) +
-                        " gradients" + (n == mine[0] ? " of different sizes or dtypes" : "") +
-                        ", this rank " + std::to_string(mine[0]) +
-                        ": every rank must register the same gradients in the same order",
-                    r, "gradients");
-            }
-        }
+        detail::verify_same_layout(
+            *comm_, place_, static_cast<std::int64_t>(entries_.size()), hash,
+            {"bucketed_reducer start", "registered", "gradients", "of different sizes or dtypes",
+             "every rank must register the same gradients in the same order"});
     }
 
     C* comm_;
+    ddp_options options_;
     hook_type hook_;
-    std::size_t first_bucket_bytes_;
-    std::size_t bucket_bytes_;
+    detail::placement place_;
     std::vector<entry> entries_;
     std::vector<bucket> buckets_;
     std::vector<std::size_t> ready_order_;
@@ -794,10 +683,6 @@ private:
     std::uint64_t layout_version_ = 0;
     bool started_ = false;
     bool rebuilt_ = false;
-    void* compute_ = nullptr; ///< cudaStream_t of device packing and unpacking
-    detail::stream_fence fence_;
 };
-
-} // namespace UNISON_TU_ABI
 
 } // namespace unison

@@ -4,8 +4,8 @@
 /// `ddp`: data parallelism assembled from a communicator, a `bucketed_reducer` and
 /// the initial broadcast of parameters and buffers from one rank.
 ///
-///     unison::ddp<unison::mpi_communicator, unison::policy::reduce_dtype<unison::dtype::bf16>>
-///         dp(comm);
+///     unison::ddp<Comm, unison::policy::mixed_precision<unison::dtype::f32, unison::dtype::bf16>>
+///         dp(comm, {.bucket_bytes = 25 << 20});
 ///     for (auto* p : model.parameters()) {
 ///         dp.add_parameter(p->value, p->grad, p->name);
 ///     }
@@ -15,9 +15,10 @@
 ///     optimizer.step();
 
 #include "unison/comm/collectives.hpp"
+#include "unison/core/detail/hash.hpp"
 #include "unison/ddp/bucketed_reducer.hpp"
+#include "unison/parallel/detail/control.hpp"
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -27,8 +28,8 @@
 
 namespace unison {
 
-inline namespace UNISON_TU_ABI {
-
+/// Data parallelism over communicator `C`, assembled from `Policies`
+/// (ddp/policies.hpp) and `ddp_options`.
 template <communicator C, class... Policies>
 class ddp {
 public:
@@ -39,7 +40,8 @@ public:
     static constexpr std::size_t broadcast_chunk_bytes = std::size_t{64} << 20;
 
     /// Keeps a reference to `comm`, which must outlive this object.
-    explicit ddp(C& comm, hook_type hook = {}) : comm_(&comm), reducer_(comm, std::move(hook)) {}
+    explicit ddp(C& comm, ddp_options options = {}, hook_type hook = {})
+        : comm_(&comm), reducer_(comm, options, std::move(hook)) {}
 
     /// Registers a parameter and its gradient (same element count); returns the
     /// index that the gradient's backward hook passes to `mark_ready`.
@@ -53,7 +55,7 @@ public:
                                      " elements but its gradient " + std::to_string(g.count));
         }
         const std::size_t i = reducer_.add(grad, std::move(name));
-        add_state(p, reducer_.name(i));
+        add_state(p, reducer_.name(i), false);
         return i;
     }
 
@@ -61,15 +63,24 @@ public:
     /// and `broadcast_buffers()`, never reduced.
     template <writable_tensor B>
     void add_buffer(B&& b, std::string name = {}) {
-        add_state(as_buffer(b), name.empty() ? "buffer #" + std::to_string(buffers_) : name);
-        states_.back().is_buffer = true;
+        add_state(as_buffer(b), name.empty() ? "buffer #" + std::to_string(buffers_) : name, true);
         ++buffers_;
     }
 
-    /// Collective: copies every parameter and buffer from rank `root` to all ranks,
-    /// then starts the reducer (which checks that all ranks registered the same
-    /// gradients).
+    /// Collective: checks that every rank registered the same parameters and buffers
+    /// (sizes and dtypes, in order) before anything moves, copies them from rank
+    /// `root` to all ranks, then starts the reducer (which checks the gradients).
     void start(int root = 0) {
+        std::uint64_t hash = detail::fnv1a64_offset;
+        for (const state& s : states_) {
+            const std::uint64_t v[3] = {s.data.count, static_cast<std::uint64_t>(s.data.type),
+                                        s.is_buffer ? 1u : 0u};
+            hash = detail::fnv1a64(v, sizeof v, hash);
+        }
+        detail::verify_same_layout(
+            *comm_, reducer_.placement(), static_cast<std::int64_t>(states_.size()), hash,
+            {"ddp start", "registered", "parameters and buffers", "of different sizes or dtypes",
+             "every rank must register the same parameters and buffers in the same order"});
         broadcast_state(root, /*buffers_only=*/false);
         reducer_.start();
     }
@@ -77,8 +88,19 @@ public:
     /// Collective: re-broadcasts the buffers only (PyTorch DDP's broadcast_buffers).
     void broadcast_buffers(int root = 0) { broadcast_state(root, /*buffers_only=*/true); }
 
+    /// Gradient `i` (add_parameter's index) is final for this backward pass: call it
+    /// from the gradient's backward hook (see bucketed_reducer::mark_ready).
     void mark_ready(std::size_t i) { reducer_.mark_ready(i); }
+    /// Ends a backward pass: true when the gradients were synchronized (averaged in
+    /// place); false on a micro-batch that only accumulates (see
+    /// bucketed_reducer::finish).
     bool finish() { return reducer_.finish(); }
+
+    /// For `unison::cuda::use_device` (parallel/device.cuh): device gradients.
+    template <class Installer>
+    void install_device(Installer& installer) {
+        reducer_.install_device(installer);
+    }
 
     reducer_type& reducer() noexcept { return reducer_; }
     C& communicator() noexcept { return *comm_; }
@@ -90,8 +112,8 @@ private:
         bool is_buffer = false;
     };
 
-    void add_state(const buffer& b, std::string name) {
-        states_.push_back(state{b, std::move(name), false});
+    void add_state(const buffer& b, std::string name, bool is_buffer) {
+        states_.push_back(state{b, std::move(name), is_buffer});
     }
 
     /// Packs the states' bytes into chunks and broadcasts each as u8: one collective
@@ -143,7 +165,5 @@ private:
     std::vector<state> states_;
     std::size_t buffers_ = 0;
 };
-
-} // namespace UNISON_TU_ABI
 
 } // namespace unison

@@ -21,6 +21,7 @@
 #include "unison/core/error.hpp"
 #include "unison/core/tensor.hpp"
 
+#include <concepts>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -81,6 +82,14 @@ public:
 
 private:
     std::vector<std::vector<std::uint16_t>> staging_;
+};
+
+/// What a communication hook `H` must do on communicator `C`: launch a bucket's
+/// reduction and return its request (see the file comment); `complete` is optional.
+template <class H, class C>
+concept bucket_hook = communicator<C> && std::move_constructible<H> &&
+    requires(H& h, C& comm, const bucket_ref& b) {
+    { h.launch(comm, b) } -> std::same_as<typename C::request_type>;
 };
 
 namespace detail {

@@ -12,7 +12,7 @@
 ///   and counts it as non-finite otherwise.
 /// - `optimizer_element`: one parameter's optimizer step on a flat shard: loads the
 ///   master weight (or the parameter), the unscaled gradient and the state, calls
-///   the optimizer's `update` (sharded/optimizers.hpp) and stores the master, the
+///   the optimizer's `update` (optim/) and stores the master, the
 ///   state and the parameter rounded to its dtype.
 
 #include "unison/core/config.hpp"

@@ -2,7 +2,7 @@
 
 /// \file
 /// Fused optimizer steps on a flat shard: SGD with momentum, Adam and AdamW
-/// (sharded/optimizers.hpp), optionally with f32 master weights and the parameter
+/// (optim/), optionally with f32 master weights and the parameter
 /// copied out in its own dtype (bf16, f16), in one pass over memory. With
 /// `skip_if_nonfinite` pointing at a device `norm_stats` (from `multi_norm`, after
 /// its all-reduce), the kernel returns without writing anything when any gradient
@@ -13,7 +13,7 @@
 
 #include "unison/kernels/detail/launch.cuh"
 #include "unison/kernels/element.hpp"
-#include "unison/sharded/optimizers.hpp"
+#include "unison/optim.hpp"
 
 #include <cstddef>
 

@@ -10,9 +10,9 @@
 #include "unison/comm/communicator.hpp"
 #include "unison/comm/detail/matching.hpp"
 #include "unison/comm/detail/validate.hpp"
+#include "unison/core/detail/clock.hpp"
 #include "unison/core/detail/host_reduce.hpp"
 #include "unison/mpi/detail/mpi_check.hpp"
-#include "unison/thread/detail/phase_barrier.hpp"
 
 #include <mpi.h>
 

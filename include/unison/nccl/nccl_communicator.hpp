@@ -10,9 +10,9 @@
 #include "unison/comm/detail/matching.hpp"
 #include "unison/comm/detail/validate.hpp"
 #include "unison/comm/launcher.hpp"
+#include "unison/core/detail/clock.hpp"
 #include "unison/cuda/check.hpp"
 #include "unison/nccl/detail/nccl_check.hpp"
-#include "unison/thread/detail/phase_barrier.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -246,6 +246,16 @@ public:
     int device() const noexcept {
         return state_->device;
     }
+    /// Moves device memory of its device only (device_communicator).
+    static constexpr bool moves_host_memory = false;
+    /// stream(), untyped.
+    void* device_stream() const noexcept {
+        return static_cast<void*>(state_->stream);
+    }
+    /// cuda:device().
+    unison::device device_location() const noexcept {
+        return unison::device::cuda(state_->device);
+    }
 
     /// Enqueues `call` and waits for it on the host (bounded by the timeout).
     void execute(const collective_call& call) {
@@ -404,6 +414,6 @@ private:
 };
 
 static_assert(request<nccl_request>);
-static_assert(communicator<nccl_communicator>);
+static_assert(device_communicator<nccl_communicator>);
 
 } // namespace unison

@@ -27,6 +27,7 @@
 #include "unison/checkpoint/io.hpp"
 #include "unison/comm/collectives.hpp"
 #include "unison/core/detail/convert.hpp"
+#include "unison/sharded/fsdp.hpp"
 #include "unison/sharded/partitioned_optimizer.hpp"
 #include "unison/sharded/sharded_parameters.hpp"
 
@@ -191,10 +192,6 @@ std::vector<checkpoint_piece> owned_pieces(const SP& sp, int w) {
     return out;
 }
 
-inline std::string layout_name(int stage, bool hybrid) {
-    return hybrid ? "fsdp_hybrid" : "zero" + std::to_string(stage);
-}
-
 /// Runs `work` on every rank; if it failed anywhere, every rank throws (the failing
 /// ranks their own error, the others one naming the lowest failing rank).
 template <communicator C, class F>
@@ -278,7 +275,7 @@ void save_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
         }
         checkpoint::metadata m;
         m.world_size = static_cast<std::uint32_t>(writers);
-        m.layout = layout_name(SP::stage, SP::config::hybrid);
+        m.layout = std::string(SP::strategy::layout_name);
         m.kinds.push_back("param");
         if constexpr (!std::is_same_v<Opt, void>) {
             m.optimizer = std::string(Opt::optimizer_type::name);
@@ -378,9 +375,7 @@ void load_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
         };
         for (std::size_t k = 0; k < sp.unit_count(); ++k) {
             auto part = sp.partition_of(k);
-            // The resident parameters: the whole unit below stage 3, the shard at 3.
-            const element_range held =
-                SP::stage == 3 ? sp.owned_range(k) : element_range{0, sp.padded_numel(k)};
+            const element_range held = sp.held_range(k); // the resident parameters
             auto* param_base = static_cast<std::byte*>(part.param) -
                                (part.range.begin - held.begin) * size_of(SP::param_dtype);
             const auto [first, last] = sp.parameters_of(k);
@@ -449,6 +444,19 @@ void load_checkpoint(const std::filesystem::path& dir, SP& params,
 template <class SP>
 void load_checkpoint(const std::filesystem::path& dir, SP& params) {
     detail::load_checkpoint_impl<SP, void>(dir, params, nullptr);
+}
+
+/// Saves an fsdp engine's parameters and optimizer state (after start()). Collective.
+template <communicator C, class... Ps>
+void save_checkpoint(const std::filesystem::path& dir, fsdp<C, Ps...>& engine) {
+    detail::save_checkpoint_impl(dir, engine.parameters(), &engine.optimizer());
+}
+/// Loads an fsdp engine's parameters and optimizer state (after start()), whatever
+/// world size and strategy wrote them; on any problem every rank throws and nothing
+/// is changed. Collective.
+template <communicator C, class... Ps>
+void load_checkpoint(const std::filesystem::path& dir, fsdp<C, Ps...>& engine) {
+    detail::load_checkpoint_impl(dir, engine.parameters(), &engine.optimizer());
 }
 
 } // namespace unison

@@ -3,41 +3,42 @@
 /// \file
 /// `partitioned_optimizer`: an optimizer whose state exists only for this rank's
 /// partition of a `sharded_parameters` (ZeRO's optimizer-state partitioning), with
-/// the gradient checks a large run needs:
+/// the checks a large run needs, all from one small all-reduce per step:
 ///   - global gradient-norm clipping: the norm of the whole model, from every
-///     rank's shard, in one all-reduce of two numbers (sum of squares and the count
-///     of non-finite elements);
+///     rank's shard (sum of squares and the count of non-finite elements);
 ///   - an inf/nan in any rank's gradients makes every rank skip the step, leaving
 ///     parameters, master weights, optimizer state and the step counter unchanged
 ///     bit for bit;
 ///   - dynamic loss scaling for fp16: multiply the loss by loss_scale(); the step
 ///     unscales, halves the scale on overflow and doubles it after
-///     `growth_interval` clean steps (PyTorch's GradScaler rules).
+///     `growth_interval` clean steps (PyTorch's GradScaler rules);
+///   - the ranks issued the same unit collectives since the last step (the
+///     parameters' fingerprint): otherwise every rank throws mismatch_error naming
+///     a rank that differs, before anything is written.
 ///
-/// The stage and communicator are those of the sharded_parameters it is built on:
-/// stage 0 updates everything on every rank; stages 1-3 update the owned shard,
-/// and stages 1-2 then all-gather the new parameters.
+/// The strategy and communicator are those of the sharded_parameters it is built
+/// on: the whole unit is updated when the optimizer state is replicated, the owned
+/// shard otherwise, and strategies that publish then all-gather the new parameters.
+/// The fsdp engine (sharded/fsdp.hpp) owns one of these.
 
 #include "unison/comm/collectives.hpp"
-#include "unison/comm/detail/placement.hpp"
-#include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/convert.hpp"
 #include "unison/core/error.hpp"
 #include "unison/kernels/host.hpp"
-#include "unison/sharded/optimizers.hpp"
+#include "unison/optim/optimizer.hpp"
+#include "unison/parallel/detail/control.hpp"
+#include "unison/parallel/detail/device_ops.hpp"
+#include "unison/parallel/detail/placement.hpp"
+#include "unison/sharded/options.hpp"
 #include "unison/sharded/sharded_parameters.hpp"
 
-#if defined(__CUDACC__)
-#include "unison/kernels/norm.cuh"
-#include "unison/kernels/optimizer.cuh"
-#endif
-
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -47,23 +48,6 @@
 
 namespace unison {
 
-/// Checks done by every step.
-struct step_options {
-    /// Clip the global gradient norm to this (PyTorch's clip_grad_norm_); 0 = off.
-    double max_grad_norm = 0.0;
-    /// Skip the step on every rank when any gradient element is inf or nan. Costs
-    /// one 2-element all-reduce per step (shared with clipping and loss scaling).
-    bool skip_nonfinite = true;
-};
-
-/// Dynamic loss scaling (for fp16 training).
-struct dynamic_loss_scale {
-    double initial_scale = 65536.0;
-    double growth_factor = 2.0;
-    double backoff_factor = 0.5;
-    std::uint64_t growth_interval = 2000;
-};
-
 /// What one step did.
 struct step_result {
     bool skipped = false;          ///< a non-finite gradient was found; nothing changed
@@ -72,7 +56,40 @@ struct step_result {
     double loss_scale = 1.0;       ///< the scale the gradients carried in this step
 };
 
-inline namespace UNISON_TU_ABI {
+namespace detail {
+
+/// The per-step statistics all-reduced in one call: the gradients' sum of squares
+/// and non-finite count, then a 48-bit fingerprint of the collectives each rank
+/// issued, as three 16-bit chunks with their squares (summed over N ranks, they are
+/// exact in double for N < 2^20; all ranks agree exactly when N * sum(c^2) ==
+/// sum(c)^2 for every chunk).
+struct step_statistics {
+    static constexpr std::size_t chunks = 3;
+    static constexpr std::size_t size = 2 + 2 * chunks;
+    std::array<double, size> values{};
+
+    void set_fingerprint(std::uint64_t f) noexcept {
+        for (std::size_t k = 0; k < chunks; ++k) {
+            const auto c = static_cast<double>((f >> (16 * k)) & 0xffffu);
+            values[2 + 2 * k] = c;
+            values[3 + 2 * k] = c * c;
+        }
+    }
+    /// After the all-reduce over `ranks` ranks: whether every rank's fingerprint was equal.
+    bool fingerprints_agree(int ranks) const noexcept {
+        for (std::size_t k = 0; k < chunks; ++k) {
+            const auto sum = static_cast<std::uint64_t>(values[2 + 2 * k]);
+            const auto squares = static_cast<std::uint64_t>(values[3 + 2 * k]);
+            const auto n = static_cast<std::uint64_t>(ranks);
+            if (sum % n != 0 || squares != n * (sum / n) * (sum / n)) {
+                return false;
+            }
+        }
+        return true;
+    }
+};
+
+} // namespace detail
 
 /// Optimizer `O` (unison::optim::sgd / adam / adamw or a user's own with the same
 /// shape) over the partitions of `Params` (a sharded_parameters).
@@ -85,8 +102,10 @@ public:
     using compute_type = std::conditional_t<state_dtype == dtype::f64, double, float>;
     static constexpr bool has_weight_decay = requires(O o) { o.weight_decay = 0.0; };
 
-    /// Allocates the state for this rank's partitions (zero, as PyTorch starts it).
-    /// Keeps a reference to `params`, which must outlive the optimizer.
+    /// Allocates the state for this rank's partitions (zero, as PyTorch starts it),
+    /// where the parameters live. Keeps a reference to `params`, which must outlive
+    /// the optimizer. With device parameters, install the fused step with
+    /// `unison::cuda::use_device(optimizer, dev, stream)` before the first step.
     partitioned_optimizer(Params& params, O hyper, step_options options = {},
                           std::optional<dynamic_loss_scale> scaling = std::nullopt)
         : params_(&params), hyper_(std::move(hyper)), options_(options), scaling_(scaling),
@@ -97,11 +116,18 @@ public:
         for (std::size_t k = 0; k < params.unit_count(); ++k) {
             const std::size_t n = params.update_range(k).size();
             for (std::size_t s = 0; s < O::slots; ++s) {
-                detail::flat_bytes b(n * size_of(state_dtype), params.location());
-                detail::place_zero(place(), b.data(), dtype::u8, b.size());
+                detail::flat_buffer b(n * size_of(state_dtype), place());
+                place().zero(b.data(), dtype::u8, b.size());
                 state_.push_back(std::move(b));
             }
         }
+    }
+
+    /// For `unison::cuda::use_device` (parallel/device.cuh): the fused step kernel of
+    /// `O`, for parameters that live on a device.
+    template <class Installer>
+    void install_device(Installer& installer) {
+        device_step_ = installer.template optimizer_step<O, compute_type>();
     }
 
     /// The hyperparameters; change them between steps (learning-rate schedules).
@@ -117,27 +143,38 @@ public:
     std::uint64_t steps() const noexcept { return step_; }
 
     /// Completes the gradient reductions, checks and clips, and updates this rank's
-    /// partition; then (stages 1-2) all-gathers the new parameters. Collective.
+    /// partition; then (strategies that publish) all-gathers the new parameters.
+    /// Collective.
     step_result step() {
         params_->wait_gradients();
+        if (place().on_device() && !device_step_) {
+            params_->fail(
+                "partitioned_optimizer step",
+                "the parameters are on " + to_string(place().where()) +
+                    ": install the fused step with unison::cuda::use_device(optimizer, " +
+                    std::to_string(place().where().index) +
+                    ", stream) from a CUDA translation unit (unison/parallel/device.cuh)");
+        }
         step_result result;
         result.loss_scale = scale_;
 
-        const bool need_stats = options_.skip_nonfinite || options_.max_grad_norm > 0.0;
-        double sum_sq = 0.0, nonfinite = 0.0;
-        if (need_stats) {
-            std::vector<double> stats{0.0, 0.0};
-            if (place().on_device()) {
-                device_gradient_stats(stats);
-            } else {
-                for (std::size_t k = 0; k < params_->unit_count(); ++k) {
-                    gradient_stats(k, stats[0], stats[1]);
-                }
-                all_reduce(params_->shard_comm(), stats);
+        detail::step_statistics stats;
+        last_fingerprint_ = params_->issued_fingerprint();
+        stats.set_fingerprint(last_fingerprint_);
+        params_->reset_fingerprint();
+        if (place().on_device()) {
+            device_statistics(stats);
+        } else {
+            for (std::size_t k = 0; k < params_->unit_count(); ++k) {
+                gradient_stats(k, stats.values[0], stats.values[1]);
             }
-            sum_sq = stats[0];
-            nonfinite = stats[1];
+            all_reduce(params_->shard_comm(), std::span<double>(stats.values));
         }
+        if (!stats.fingerprints_agree(params_->shard_size())) {
+            name_diverged_rank();
+        }
+        const double sum_sq = stats.values[0];
+        const double nonfinite = stats.values[1];
         if (nonfinite > 0.0 && options_.skip_nonfinite) {
             result.skipped = true;
             result.grad_norm = std::numeric_limits<double>::infinity();
@@ -216,17 +253,39 @@ public:
     Params& parameters() noexcept { return *params_; }
 
 private:
-    detail::placement place() const noexcept { return params_->placement_of(); }
+    const detail::placement& place() const noexcept { return params_->placement(); }
+
+    /// After the fingerprints disagreed (on every rank alike): all-gathers them and
+    /// throws, naming a rank whose collectives differ from this one's.
+    [[noreturn]] void name_diverged_rank() {
+        auto& comm = params_->shard_comm();
+        const std::vector<std::int64_t> mine{static_cast<std::int64_t>(last_fingerprint_)};
+        std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
+        detail::control_all_gather(comm, place(), std::span<const std::int64_t>(mine),
+                                   std::span<std::int64_t>(all));
+        int other = -1;
+        for (int r = 0; r < comm.size() && other < 0; ++r) {
+            if (all[static_cast<std::size_t>(r)] != mine[0]) {
+                other = r;
+            }
+        }
+        throw mismatch_error(comm.rank(), "partitioned_optimizer step",
+                             "rank " + std::to_string(other) +
+                                 " gathered or reduced other units than this rank since the "
+                                 "last step (other units, or in another order), so the ranks "
+                                 "mixed the data of different units; the step was not taken. "
+                                 "Every rank must run the same units in the same order",
+                             other, "units");
+    }
 
     /// Device state: one multi-tensor norm over every owned shard into a device
-    /// norm_stats, its all-reduce on the device, and the two doubles to the host.
-    void device_gradient_stats(std::vector<double>& stats) {
-#if defined(__CUDACC__)
-        const detail::placement p = place();
+    /// buffer, the fingerprint next to it, their all-reduce on the device, and the
+    /// values to the host.
+    void device_statistics(detail::step_statistics& stats) {
+        const detail::placement& p = place();
         if (!norm_plan_) {
             // The owned gradient shards never move (allocated once by
             // sharded_parameters), so their table is uploaded once, not every step.
-            cuda::device_guard guard(p.where.index);
             std::vector<kernels::read_piece> pieces;
             for (std::size_t k = 0; k < params_->unit_count(); ++k) {
                 auto part = params_->partition_of(k);
@@ -236,22 +295,16 @@ private:
                          (owned.begin - part.range.begin) * size_of(Params::param_dtype),
                      owned.size()});
             }
-            norm_plan_.emplace(std::span<const kernels::read_piece>(pieces));
+            norm_plan_ = p.ops->plan(std::span<const kernels::read_piece>(pieces));
+            stats_ = detail::flat_buffer(sizeof stats.values, p);
         }
-        if (!stats_) {
-            stats_ = detail::flat_bytes(sizeof(kernels::norm_stats), p.where);
-        }
-        auto* dev = reinterpret_cast<kernels::norm_stats*>(stats_.data());
-        kernels::multi_norm(*norm_plan_, Params::param_dtype, dev,
-                            static_cast<cudaStream_t>(p.stream));
-        fence_.order(p, params_->shard_comm(), "partitioned_optimizer step");
-        all_reduce(params_->shard_comm(), buffer{dev, 2, dtype::f64, p.where});
-        detail::place_to_host(p, stats.data(), dev, 2 * sizeof(double));
-#else
-        (void)stats;
-        detail::placement::require_device_code(params_->communicator().rank(),
-                                               "partitioned_optimizer step", place().where);
-#endif
+        p.ops->multi_norm(*norm_plan_, Params::param_dtype, stats_.data());
+        p.copy_from_host(stats_.data() + 2 * sizeof(double), stats.values.data() + 2,
+                         sizeof stats.values - 2 * sizeof(double));
+        p.order_before(params_->shard_comm(), "partitioned_optimizer step");
+        all_reduce(params_->shard_comm(),
+                   buffer{stats_.data(), stats.values.size(), dtype::f64, p.where()});
+        p.copy_to_host(stats.values.data(), stats_.data(), sizeof stats.values);
     }
 
     /// Sum of squares and non-finite count over this rank's owned shard of unit `k`
@@ -263,10 +316,10 @@ private:
         const kernels::read_piece piece{static_cast<const std::byte*>(part.grad) +
                                             skip * size_of(Params::param_dtype),
                                         owned.size()};
-        const kernels::norm_stats stats =
+        const kernels::norm_stats s =
             kernels::host::multi_norm(std::span(&piece, 1), Params::param_dtype);
-        sum_sq += stats.sum_sq;
-        nonfinite += stats.nonfinite;
+        sum_sq += s.sum_sq;
+        nonfinite += s.nonfinite;
     }
 
     template <class Constants>
@@ -303,27 +356,30 @@ private:
             return;
         }
         const std::size_t off = b - part.range.begin, n = e - b;
+        std::array<A*, O::slots> state_at{};
+        for (std::size_t s = 0; s < O::slots; ++s) {
+            state_at[s] = reinterpret_cast<A*>(state(k, s)) + off;
+        }
+        A* master = part.master != nullptr ? static_cast<A*>(part.master) + off : nullptr;
+        const std::size_t p = size_of(Params::param_dtype);
+        void* param = static_cast<std::byte*>(part.param) + off * p;
+        const void* grad = static_cast<const std::byte*>(part.grad) + off * p;
+        if (place().on_device()) {
+            device_step_->step(c, Params::param_dtype, param, grad, master, state_at.data(), n,
+                               grad_scale);
+            return;
+        }
         detail::visit_floating(Params::param_dtype, [&](auto tag) {
             using P = decltype(tag);
             kernels::shard_ref<P, P, A, O::slots> shard;
-            shard.param = static_cast<P*>(part.param) + off;
-            shard.grad = static_cast<const P*>(part.grad) + off;
-            shard.master = part.master != nullptr ? static_cast<A*>(part.master) + off : nullptr;
+            shard.param = static_cast<P*>(param);
+            shard.grad = static_cast<const P*>(grad);
+            shard.master = master;
             for (std::size_t s = 0; s < O::slots; ++s) {
-                shard.state[s] = reinterpret_cast<A*>(state(k, s)) + off;
+                shard.state[s] = state_at[s];
             }
             shard.count = n;
-            if (place().on_device()) {
-#if defined(__CUDACC__)
-                kernels::optimizer_step<O>(c, shard, grad_scale, nullptr,
-                                           static_cast<cudaStream_t>(place().stream));
-#else
-                detail::placement::require_device_code(params_->communicator().rank(),
-                                                       "partitioned_optimizer step", place().where);
-#endif
-            } else {
-                kernels::host::optimizer_step<O>(c, shard, grad_scale);
-            }
+            kernels::host::optimizer_step<O>(c, shard, grad_scale);
         });
     }
 
@@ -334,15 +390,12 @@ private:
     double scale_;
     std::uint64_t good_steps_ = 0;
     std::uint64_t step_ = 0;
-    std::vector<detail::flat_bytes> state_;
-    detail::flat_bytes stats_; // device state: the norm_stats of a step
-#if defined(__CUDACC__)
-    std::optional<kernels::multi_tensor_plan> norm_plan_; // device state: the owned shards
-#endif
-    detail::stream_fence fence_;
+    std::uint64_t last_fingerprint_ = 0; // of the collectives before the last step
+    std::vector<detail::flat_buffer> state_;
+    std::unique_ptr<detail::device_optimizer_step<O, compute_type>> device_step_;
+    std::unique_ptr<detail::device_plan> norm_plan_; // device state: the owned shards
+    detail::flat_buffer stats_;                      // device state: the step's statistics
     std::vector<bool> no_decay_; // by parameter id; empty while every parameter decays
 };
-
-} // namespace UNISON_TU_ABI
 
 } // namespace unison

@@ -4,58 +4,66 @@
 /// `sharded_parameters`: the memory of a model's parameters and gradients, grouped
 /// into units and sharded over ranks (FSDP's FlatParameter, DeepSpeed ZeRO's
 /// partitions). One class covers ZeRO stages 0-3 and every FSDP strategy; the
-/// sharding policy decides what stays resident (see policies.hpp).
+/// strategy (sharded/detail/strategy.hpp) decides what stays resident.
 ///
-/// A unit is what is gathered together, usually one layer or block. Its parameters
-/// are laid out back to back in one flat buffer, padded to a multiple of the shard
-/// group's size S; rank r's shard is elements [r * padded / S, (r + 1) * padded / S).
+/// This is the part the sharding engine `fsdp` (sharded/fsdp.hpp) is built on, for
+/// frameworks that drive the units themselves. A unit is what is gathered together,
+/// usually one layer or block. Its parameters are laid out back to back in one flat
+/// buffer, padded to a multiple of the shard group's size S; rank r's shard is
+/// elements [r * padded / S, (r + 1) * padded / S).
 ///
 /// Per step, for each unit in the framework's order:
 ///
 ///     forward:   gather(u)                -> parameter<T>(id) views, valid until release
-///                release(u)               (stage 3 frees the gathered copy)
+///                release(u)               (sharded parameters: frees the gathered copy)
 ///     backward:  gather(u, pass::backward)
 ///                write into gradient<T>(id)
 ///                reduce_gradients(u)      (non-blocking)
 ///                release(u, pass::backward)
-///     then:      partitioned_optimizer::step() (which calls wait_gradients())
+///     then:      partitioned_optimizer::step() (which calls wait_gradients()), zero_grad()
 ///
-/// Below stage 3 the parameters stay resident, so gather and release do nothing and
-/// the loop is the same for DDP, ZeRO and FSDP. `gather` is non-blocking and also
-/// starts gathering the next `prefetch` units (forward order in forward, reverse in
-/// backward); `parameter()` waits for the unit's gather.
+/// When the parameters are not sharded they stay resident, so gather and release do
+/// nothing and the loop is the same for DDP, ZeRO and FSDP. `gather` is
+/// non-blocking; `prefetch(u)` starts gathering another unit ahead of its use;
+/// `parameter()` waits for the unit's gather.
 ///
-/// Not thread-safe; the calls that communicate (start, gather, reduce_gradients,
-/// wait_gradients, publish_parameters) are collective over the shard group and must
-/// be made in the same order on every rank.
+/// Not thread-safe; the calls that communicate (start, gather, prefetch,
+/// reduce_gradients, wait_gradients, publish_parameters) are collective over the shard
+/// group and must be made in the same order on every rank. Each carries its unit as
+/// the call's tag, so where calls are matched (the thread backend always, MPI and
+/// NCCL with UNISON_DEBUG=1) ranks working on different units are an error.
 
 #include "unison/comm/collectives.hpp"
 #include "unison/comm/communicator.hpp"
-#include "unison/comm/detail/placement.hpp"
 #include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/convert.hpp"
 #include "unison/core/detail/hash.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/tensor.hpp"
+#include "unison/parallel/detail/control.hpp"
+#include "unison/parallel/detail/placement.hpp"
+#include "unison/sharded/detail/config.hpp"
+#include "unison/sharded/detail/strategy.hpp"
+#include "unison/sharded/options.hpp"
 #include "unison/sharded/policies.hpp"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <deque>
 #include <exception>
 #include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 namespace unison {
 
-/// Which pass a `gather` or `release` belongs to: it sets the prefetch direction and
-/// whether `release` reshards (`reshard_after_forward`).
+/// Which pass a `gather` or `release` belongs to: whether `release` reshards (a
+/// strategy may keep forward's gathered parameters for backward).
 enum class pass : std::uint8_t { forward, backward };
 
 /// One parameter of a unit: its name (unique in the model) and element count.
@@ -66,8 +74,8 @@ struct parameter_spec {
 
 /// Bytes this rank holds for the model state, by kind. `parameters`, `gradients`
 /// and `master` are resident for the whole run; `gathered_*` are the transient full
-/// copies of stage 3 (parameters gathered for compute and full gradients awaiting
-/// their reduce-scatter).
+/// copies of sharded parameters and gradients (parameters gathered for compute and
+/// full gradients awaiting their reduce-scatter).
 struct memory_report {
     std::size_t parameters = 0;
     std::size_t gradients = 0;
@@ -84,69 +92,66 @@ struct element_range {
     std::size_t size() const noexcept { return end - begin; }
 };
 
-inline namespace UNISON_TU_ABI {
-
 /// Sharded parameter and gradient memory over communicator `C`, assembled from
-/// `Policies` (unison::policy: zero<N> / fsdp<...>, mixed_precision, ...).
+/// `Policies` (a strategy from unison::policy::shard or policy::zero<N>, and
+/// policy::mixed_precision) and `shard_options`.
 template <communicator C, class... Policies>
 class sharded_parameters {
 public:
     using config = detail::sharded_config<Policies...>;
+    using strategy = typename config::strategy;
     using communicator_type = C;
     using request_type = typename C::request_type;
-    static constexpr int stage = config::stage;
-    static constexpr dtype param_dtype = config::param_dtype;
-    static constexpr dtype reduce_dtype = config::reduce_dtype;
-    static constexpr dtype master_dtype = config::master_dtype;
-    static constexpr bool has_master = config::has_master;
+    /// The ZeRO stage of the strategy (0-3).
+    static constexpr int stage = strategy::stage;
+    static constexpr dtype param_dtype = config::dtypes.param;
+    static constexpr dtype reduce_dtype = config::dtypes.reduce;
+    static constexpr dtype master_dtype = config::dtypes.master;
+    static constexpr bool has_master = config::dtypes.has_master;
 
     /// Keeps a reference to `comm`, which must outlive this object. With
-    /// `fsdp<shard::hybrid>`, `shard_group_size` (a divisor of comm.size()) ranks
-    /// r, r+1, ... shard among themselves and the groups replicate; it is ignored
-    /// otherwise. Splitting the communicator is collective.
-    explicit sharded_parameters(C& comm, int shard_group_size = 0) : comm_(&comm) {
-        if constexpr (config::hybrid) {
+    /// shard::hybrid, `options.shard_group_size` ranks r, r+1, ... shard among
+    /// themselves and the groups replicate; splitting the communicator is collective.
+    explicit sharded_parameters(C& comm, shard_options options = {})
+        : comm_(&comm), options_(options) {
+        if (options.max_live_units < 0) {
+            fail("sharded_parameters", "max_live_units is " +
+                                           std::to_string(options.max_live_units) +
+                                           "; it is 0 (no limit) or positive");
+        }
+        if constexpr (strategy::hybrid) {
             const int n = comm.size();
-            if (shard_group_size < 1 || n % shard_group_size != 0) {
-                fail("sharded_parameters", "fsdp<shard::hybrid> needs a shard group size that "
-                                           "divides the " +
+            const int g = options.shard_group_size;
+            if (g < 1 || n % g != 0) {
+                fail("sharded_parameters", "shard::hybrid needs a shard_group_size that divides "
+                                           "the " +
                                                std::to_string(n) + " ranks; got " +
-                                               std::to_string(shard_group_size));
+                                               std::to_string(g));
             }
-            shard_own_.emplace(comm.split(comm.rank() / shard_group_size, comm.rank()));
-            replica_own_.emplace(comm.split(comm.rank() % shard_group_size, comm.rank()));
+            shard_own_.emplace(comm.split(comm.rank() / g, comm.rank()));
+            replica_own_.emplace(comm.split(comm.rank() % g, comm.rank()));
         }
-    }
-
-#if UNISON_HAS_CUDA()
-    /// Keeps every buffer (parameters, gradients, master weights, gathered units) on
-    /// CUDA device `dev`, with casts and fills on `compute` (the stream the framework
-    /// computes on; the legacy default stream when null) and the collectives on the
-    /// communicator's stream, ordered after `compute` by events. Before add_unit; the
-    /// translation unit is compiled by nvcc (the casts are kernels). Works with the
-    /// NCCL backend and with the thread backend on one GPU (unison::cuda::attach).
-    void use_device(int dev, cudaStream_t compute = nullptr) {
-        if (!units_.empty()) {
-            fail("use_device", "call it before add_unit (units are allocated as they are added)");
-        }
-        detail::placement::require_device_code(comm_->rank(), "sharded_parameters use_device",
-                                               device::cuda(dev));
-        place_ = {device::cuda(dev), compute};
-    }
-#endif
-    /// Where the parameters, gradients and master weights live.
-    device location() const noexcept {
-        return place_.where;
-    }
-    /// That, with the compute stream device work is ordered on.
-    detail::placement placement_of() const noexcept {
-        return place_;
     }
 
     sharded_parameters(const sharded_parameters&) = delete;
     sharded_parameters& operator=(const sharded_parameters&) = delete;
     /// Waits for what is still in flight (the request destructors wait).
     ~sharded_parameters() = default;
+
+    /// For `unison::cuda::use_device` (parallel/device.cuh): every buffer (parameters,
+    /// gradients, master weights, gathered units) on the installer's device, casts
+    /// and fills on its compute stream. Before add_unit.
+    template <class Installer>
+    void install_device(Installer& installer) {
+        if (!units_.empty()) {
+            fail("use_device", "call it before add_unit (units are allocated as they are added)");
+        }
+        place_ = detail::placement{installer.ops()};
+    }
+    /// Where the parameters, gradients and master weights live.
+    device location() const noexcept { return place_.where(); }
+    /// That, with the device work behind it.
+    const detail::placement& placement() const noexcept { return place_; }
 
     // ----------------------------------------------------------- registration
 
@@ -168,14 +173,17 @@ public:
                     fail("add_unit", "parameter name '" + p.name + "' used twice");
                 }
             }
-            entries_.push_back(entry{p.name, p.numel, units_.size(), u.numel, 0, false});
-            u.numel += p.numel;
+            entries_.push_back(entry{p.name, p.numel, units_.size(), u.mem.numel, 0, false});
+            u.mem.numel += p.numel;
         }
         u.last = entries_.size();
         const auto s = static_cast<std::size_t>(shard_size());
-        u.padded = (u.numel + s - 1) / s * s;
-        u.shard = u.padded / s;
-        allocate(u);
+        u.mem.padded = (u.mem.numel + s - 1) / s * s;
+        u.mem.shard = u.mem.padded / s;
+        strategy::allocate(context(u, units_.size()));
+        if constexpr (!strategy::params_sharded) {
+            u.state = unit_state::gathered;
+        }
         units_.push_back(std::move(u));
         return units_.size() - 1;
     }
@@ -184,8 +192,8 @@ public:
     }
 
     /// Sets parameter `id` from `values` (its full, unsharded values, any floating
-    /// dtype): this rank keeps its part. Every rank passes the same values (same
-    /// seed); start() checks. Unset parameters start at zero.
+    /// dtype, host memory): this rank keeps its part. Every rank passes the same
+    /// values (same seed); start() checks. Unset parameters start at zero.
     template <tensor T>
     void set_parameter(std::size_t id, const T& values) {
         entry& e = at(id, "set_parameter");
@@ -196,14 +204,16 @@ public:
                      std::to_string(b.count) + " " + std::string(to_string(b.type)) + " on " +
                      to_string(b.location) + " (host floating-point values expected)");
         }
+        if (started_) {
+            fail("set_parameter", "parameter '" + e.name + "' set after start()");
+        }
         unit& u = units_[e.unit];
         const element_range whole{e.offset, e.offset + e.numel};
         const auto* src = static_cast<const std::byte*>(b.data);
-        // The resident parameters: all of them below stage 3, the owned shard at 3.
-        const element_range held = stage < 3 ? element_range{0, u.padded} : owned_range(e.unit);
-        copy_overlap(whole, held, src, b.type, param_base(u), param_dtype);
+        copy_overlap(whole, held_range(e.unit), src, b.type, param_base(u), param_dtype);
         if constexpr (has_master) {
-            copy_overlap(whole, update_range(e.unit), src, b.type, u.master.data(), master_dtype);
+            copy_overlap(whole, update_range(e.unit), src, b.type, u.mem.master.data(),
+                         master_dtype);
         }
         std::uint64_t h = detail::fnv1a64(&b.type, sizeof b.type);
         e.init_hash = detail::fnv1a64(b.data, b.count * size_of(b.type), h);
@@ -222,15 +232,17 @@ public:
 
     // ------------------------------------------------------------ forward/backward
 
-    /// Starts gathering `unit`'s full parameters (stage 3; no-op below) and prefetches
-    /// the next units in `p`'s direction. Non-blocking; parameter() waits.
+    /// Starts gathering `unit`'s full parameters when they are sharded (no-op
+    /// otherwise). Non-blocking; parameter() waits. An error names the live units
+    /// when it would exceed max_live_units.
     void gather(std::size_t unit_index, pass p = pass::forward) {
+        (void)p;
         require_started("gather");
         unit& u = unit_at(unit_index, "gather");
         progress(reductions_in_flight);
-        if constexpr (stage == 3) {
+        if constexpr (strategy::params_sharded) {
             if (u.state == unit_state::sharded) {
-                if (config::live_limit > 0 && live_ >= config::live_limit) {
+                if (at_live_limit()) {
                     std::string alive;
                     for (std::size_t k = 0; k < units_.size(); ++k) {
                         if (units_[k].state != unit_state::sharded) {
@@ -239,34 +251,37 @@ public:
                     }
                     fail("gather", "unit " + std::to_string(unit_index) + " would be unit " +
                                        std::to_string(live_ + 1) + " gathered at once (limit " +
-                                       std::to_string(config::live_limit) +
+                                       std::to_string(options_.max_live_units) +
                                        "); release one of units " + alive + " first");
                 }
-                launch_gather(u);
-            }
-            for (int d = 1; d <= config::prefetch_depth; ++d) {
-                const auto step = static_cast<std::size_t>(d);
-                const bool forward = p == pass::forward;
-                if (forward ? unit_index + step >= units_.size() : unit_index < step) {
-                    break;
-                }
-                unit& next = units_[forward ? unit_index + step : unit_index - step];
-                if (next.state == unit_state::sharded &&
-                    (config::live_limit == 0 || live_ < config::live_limit)) {
-                    launch_gather(next);
-                    ++prefetched_;
-                }
+                launch_gather(unit_index);
             }
         }
     }
 
-    /// Frees `unit`'s gathered parameters (stage 3, unless this is the forward pass
-    /// and reshard_after_forward is off). Views from parameter() become invalid.
+    /// Starts gathering `unit` ahead of its use if its parameters are sharded and not
+    /// gathered yet and the live-unit limit allows; returns whether it started one.
+    /// Collective like gather: every rank prefetches the same units in the same order.
+    bool prefetch(std::size_t unit_index) {
+        require_started("prefetch");
+        unit& u = unit_at(unit_index, "prefetch");
+        if constexpr (strategy::params_sharded) {
+            if (u.state == unit_state::sharded && !at_live_limit()) {
+                launch_gather(unit_index);
+                return true;
+            }
+        }
+        return false;
+    }
+
+    /// Frees `unit`'s gathered parameters when they are sharded (after forward only
+    /// when the strategy reshards after forward). Views from parameter() become
+    /// invalid.
     void release(std::size_t unit_index, pass p = pass::forward) {
         require_started("release");
         unit& u = unit_at(unit_index, "release");
-        if constexpr (stage == 3) {
-            if (p == pass::forward && !config::reshard_after_forward) {
+        if constexpr (strategy::params_sharded) {
+            if (p == pass::forward && !strategy::reshard_after_forward) {
                 return;
             }
             if (u.state == unit_state::sharded) {
@@ -276,21 +291,26 @@ public:
                 u.gather->wait();
                 u.gather.reset();
             }
-            gathered_now_ -= u.full_param.size();
-            u.full_param.reset();
+            gathered_now_ -= u.mem.full_param.size();
+            u.mem.full_param.reset();
             u.state = unit_state::sharded;
             --live_;
         }
     }
 
+    /// Whether `unit`'s full parameters are available (or being gathered).
+    bool gathered(std::size_t unit_index) const {
+        return unit_at(unit_index, "gathered").state != unit_state::sharded;
+    }
+
     /// The full values of parameter `id` (element type `T` = the parameter dtype).
-    /// At stage 3 its unit must be gathered; waits for the gather to complete.
+    /// When parameters are sharded its unit must be gathered; waits for the gather.
     template <element T>
     view<T> parameter(std::size_t id) {
         entry& e = at(id, "parameter");
         check_type<T>(param_dtype, "parameter", e);
         unit& u = units_[e.unit];
-        if constexpr (stage == 3) {
+        if constexpr (strategy::params_sharded) {
             if (u.state == unit_state::sharded) {
                 fail("parameter", "parameter '" + e.name + "' of unit " + std::to_string(e.unit) +
                                       " is not gathered: call gather(" + std::to_string(e.unit) +
@@ -302,12 +322,13 @@ public:
                 u.state = unit_state::gathered;
             }
         }
-        return {reinterpret_cast<T*>(u.full_param.data()) + e.offset, e.numel, place_.where};
+        return {reinterpret_cast<T*>(u.mem.full_param.data()) + e.offset, e.numel, place_.where()};
     }
 
     /// Where backward accumulates parameter `id`'s full gradient (dtype = parameter
-    /// dtype). Stages 0-1 keep it for the run; stages 2-3 allocate it (zeroed) on the
-    /// first call in a step and free it once reduce_gradients has consumed it.
+    /// dtype). Kept for the run when gradients are not sharded; otherwise allocated
+    /// (zeroed) on the first call in a step and freed once reduce_gradients has
+    /// consumed it.
     template <element T>
     view<T> gradient(std::size_t id) {
         require_started("gradient");
@@ -318,20 +339,19 @@ public:
             fail("gradient", "gradient of '" + e.name + "' requested after unit " +
                                  std::to_string(e.unit) + " was reduced in this step");
         }
-        if (!u.full_grad) {
+        if (!u.mem.full_grad) {
             gradient_storage(u);
         }
         u.grad_touched = true;
-        return {reinterpret_cast<T*>(u.full_grad.data()) + e.offset, e.numel, place_.where};
+        return {reinterpret_cast<T*>(u.mem.full_grad.data()) + e.offset, e.numel, place_.where()};
     }
 
     /// Sums `unit`'s full gradients over the ranks and leaves their average in this
-    /// rank's gradient partition (stage 0: all of it, all-reduce; stages 1-3: the
-    /// owned shard, reduce-scatter). Non-blocking: wait_gradients() completes it.
-    /// Reductions that have finished are completed here (and in gather), freeing their
-    /// full gradients at stages 2-3; at most `reductions_in_flight` stay pending, so
-    /// backward never holds more than that many full gradients besides the one it is
-    /// writing.
+    /// rank's gradient partition (all of it, or the owned shard). Non-blocking:
+    /// wait_gradients() completes it. Reductions that have finished are completed
+    /// here (and in gather), freeing their full gradients when gradients are
+    /// sharded; at most `reductions_in_flight` stay pending, so backward never holds
+    /// more than that many full gradients besides the one it is writing.
     void reduce_gradients(std::size_t unit_index) {
         require_started("reduce_gradients");
         unit& u = unit_at(unit_index, "reduce_gradients");
@@ -340,31 +360,19 @@ public:
                  "unit " + std::to_string(unit_index) + " reduced twice in one step");
         }
         u.reduced = true;
-        if (!u.full_grad) {
+        if (!u.mem.full_grad) {
             gradient_storage(u); // a unit that got no gradient on this rank contributes zero
         }
-        void* src = u.full_grad.data();
+        void* whole = u.mem.full_grad.data();
         if constexpr (reduce_dtype != param_dtype) {
-            u.wire = detail::flat_bytes(u.padded * size_of(reduce_dtype), place_.where);
-            detail::place_scale_cast(place_, u.wire.data(), reduce_dtype, u.full_grad.data(),
-                                     param_dtype, u.padded);
-            src = u.wire.data();
+            u.mem.wire = detail::flat_buffer(u.mem.padded * size_of(reduce_dtype), place_);
+            place_.scale_cast(u.mem.wire.data(), reduce_dtype, u.mem.full_grad.data(), param_dtype,
+                              u.mem.padded);
+            whole = u.mem.wire.data();
         }
-        buffer whole{src, u.padded, reduce_dtype, place_.where};
-        fence_.order(place_, shard_comm(), "sharded_parameters reduce_gradients");
-        if constexpr (stage == 0) {
-            u.reduce = all_reduce_async(shard_comm(), whole);
-        } else if constexpr (stage == 1) {
-            u.reduce = reduce_scatter_async(shard_comm(), whole);
-        } else {
-            void* out = u.shard_grad.data();
-            if constexpr (reduce_dtype != param_dtype) {
-                u.wire_shard = detail::flat_bytes(u.shard * size_of(reduce_dtype), place_.where);
-                out = u.wire_shard.data();
-            }
-            u.reduce = reduce_scatter_async(shard_comm(), const_buffer(whole),
-                                            buffer{out, u.shard, reduce_dtype, place_.where});
-        }
+        place_.order_before(shard_comm(), "sharded_parameters reduce_gradients");
+        u.reduce = strategy::reduce(shard_comm(), context(u, unit_index), whole);
+        record(1, unit_index);
         pending_.push_back(unit_index);
         progress(reductions_in_flight);
     }
@@ -377,7 +385,7 @@ public:
         for (std::size_t k = 0; k < units_.size(); ++k) {
             if (units_[k].grad_touched && !units_[k].reduced) {
                 failure = std::make_exception_ptr(argument_error(
-                    comm_->rank(), "wait_gradients",
+                    comm_->rank(), "sharded_parameters wait_gradients",
                     "unit " + std::to_string(k) + " got gradients but reduce_gradients(" +
                         std::to_string(k) + ") was not called in this step"));
                 break;
@@ -407,30 +415,36 @@ public:
             fail("zero_grad", "reductions are in flight: call wait_gradients() first");
         }
         for (unit& u : units_) {
-            if constexpr (stage <= 1) {
-                detail::place_zero(place_, u.full_grad.data(), param_dtype, u.padded);
-            } else {
-                detail::place_zero(place_, u.shard_grad.data(), param_dtype, u.shard);
+            if constexpr (strategy::grads_sharded) {
+                place_.zero(u.mem.shard_grad.data(), param_dtype, u.mem.shard);
                 drop_full_grad(u);
+            } else {
+                place_.zero(u.mem.full_grad.data(), param_dtype, u.mem.padded);
             }
             u.grad_touched = false;
             u.reduced = false;
         }
     }
 
-    /// Stages 1-2: after the optimizer updated this rank's parameter partitions,
-    /// all-gathers them so every rank holds the new full parameters. No-op at
-    /// stages 0 and 3. Collective.
+    /// When the strategy publishes (ZeRO-1 and -2): after the optimizer updated this
+    /// rank's parameter partitions, all-gathers them so every rank holds the new full
+    /// parameters. No-op otherwise. Collective.
     void publish_parameters() {
         require_started("publish_parameters");
-        if constexpr (stage == 1 || stage == 2) {
+        if constexpr (strategy::publishes) {
             std::vector<request_type> requests;
             requests.reserve(units_.size());
-            fence_.order(place_, shard_comm(), "sharded_parameters publish_parameters");
-            for (unit& u : units_) {
-                requests.push_back(
-                    all_gather_async(shard_comm(), buffer{u.full_param.data(), u.padded,
-                                                          param_dtype, place_.where}));
+            place_.order_before(shard_comm(), "sharded_parameters publish_parameters");
+            for (std::size_t k = 0; k < units_.size(); ++k) {
+                unit& u = units_[k];
+                const auto s = detail::site(shard_comm(), operation::all_gather);
+                const buffer whole{u.mem.full_param.data(), u.mem.padded, param_dtype,
+                                   place_.where()};
+                requests.push_back(detail::submit_tagged(
+                    shard_comm(),
+                    detail::all_gather_call(s, detail::block_of(s, whole), whole, true),
+                    tag_of(k)));
+                record(2, k);
             }
             wait_all(std::span<request_type>(requests));
         }
@@ -438,40 +452,29 @@ public:
 
     // ---------------------------------------------------------------- queries
 
-    std::size_t unit_count() const noexcept {
-        return units_.size();
-    }
-    std::size_t parameter_count() const noexcept {
-        return entries_.size();
-    }
+    std::size_t unit_count() const noexcept { return units_.size(); }
+    std::size_t parameter_count() const noexcept { return entries_.size(); }
     /// Psi: the number of parameter elements, unpadded.
     std::size_t numel() const noexcept {
         std::size_t n = 0;
         for (const unit& u : units_) {
-            n += u.numel;
+            n += u.mem.numel;
         }
         return n;
     }
-    const std::string& name(std::size_t id) const {
-        return at(id, "name").name;
-    }
-    std::size_t numel(std::size_t id) const {
-        return at(id, "numel").numel;
-    }
-    std::size_t unit_of(std::size_t id) const {
-        return at(id, "unit_of").unit;
-    }
+    const std::string& name(std::size_t id) const { return at(id, "name").name; }
+    std::size_t numel(std::size_t id) const { return at(id, "numel").numel; }
+    std::size_t unit_of(std::size_t id) const { return at(id, "unit_of").unit; }
     /// Offset of parameter `id` in its unit's flat buffer.
-    std::size_t offset_of(std::size_t id) const {
-        return at(id, "offset_of").offset;
-    }
-    /// Parameters [first, last) of a unit, and its padded flat size.
+    std::size_t offset_of(std::size_t id) const { return at(id, "offset_of").offset; }
+    /// Parameters [first, last) of a unit.
     std::pair<std::size_t, std::size_t> parameters_of(std::size_t unit_index) const {
         const unit& u = unit_at(unit_index, "parameters_of");
         return {u.first, u.last};
     }
+    /// A unit's flat size, padded to a multiple of the shard group size.
     std::size_t padded_numel(std::size_t unit_index) const {
-        return unit_at(unit_index, "padded_numel").padded;
+        return unit_at(unit_index, "padded_numel").mem.padded;
     }
     /// Index of the parameter called `name`, or parameter_count() if none is.
     std::size_t find(std::string_view name) const {
@@ -486,46 +489,49 @@ public:
     /// The ranks that share the shards (all of them unless hybrid) and this rank's
     /// place among them.
     C& shard_comm() noexcept {
-        if constexpr (config::hybrid) {
+        if constexpr (strategy::hybrid) {
             return *shard_own_;
         } else {
             return *comm_;
         }
     }
     int shard_size() const noexcept {
-        if constexpr (config::hybrid) {
+        if constexpr (strategy::hybrid) {
             return shard_own_->size();
         } else {
             return comm_->size();
         }
     }
     int shard_rank() const noexcept {
-        if constexpr (config::hybrid) {
+        if constexpr (strategy::hybrid) {
             return shard_own_->rank();
         } else {
             return comm_->rank();
         }
     }
     /// Which replica of the shards this rank belongs to (0 unless hybrid).
-    int replica_index() const noexcept {
-        return comm_->rank() / shard_size();
-    }
-    C& communicator() noexcept {
-        return *comm_;
-    }
+    int replica_index() const noexcept { return comm_->rank() / shard_size(); }
+    C& communicator() noexcept { return *comm_; }
+    const shard_options& options() const noexcept { return options_; }
 
     /// This rank's shard of a unit: disjoint across the shard group and covering the
     /// unit (gradient norms and checkpoints count each element once through it).
     element_range owned_range(std::size_t unit_index) const {
         const unit& u = unit_at(unit_index, "owned_range");
         const auto r = static_cast<std::size_t>(shard_rank());
-        return {r * u.shard, (r + 1) * u.shard};
+        return {r * u.mem.shard, (r + 1) * u.mem.shard};
     }
-    /// The elements the optimizer updates on this rank: the whole unit at stage 0,
-    /// the owned shard otherwise.
+    /// The elements the optimizer updates on this rank: the owned shard when the
+    /// optimizer state is sharded, the whole unit otherwise.
     element_range update_range(std::size_t unit_index) const {
         const unit& u = unit_at(unit_index, "update_range");
-        return stage == 0 ? element_range{0, u.padded} : owned_range(unit_index);
+        return strategy::state_sharded ? owned_range(unit_index) : element_range{0, u.mem.padded};
+    }
+    /// The parameters resident on this rank: the owned shard when parameters are
+    /// sharded, the whole unit otherwise.
+    element_range held_range(std::size_t unit_index) const {
+        const unit& u = unit_at(unit_index, "held_range");
+        return strategy::params_sharded ? owned_range(unit_index) : element_range{0, u.mem.padded};
     }
 
     /// Storage behind update_range(unit), for the optimizer and checkpoints:
@@ -540,21 +546,24 @@ public:
     partition partition_of(std::size_t unit_index) {
         unit& u = unit_at(unit_index, "partition_of");
         const element_range r = update_range(unit_index);
-        const std::size_t at_param = stage == 3 ? 0 : r.begin;
-        const std::size_t at_grad = stage >= 2 ? 0 : r.begin;
+        const std::size_t at_param = r.begin - held_range(unit_index).begin;
+        const std::size_t at_grad = strategy::grads_sharded ? 0 : r.begin;
+        std::byte* grad =
+            strategy::grads_sharded ? u.mem.shard_grad.data() : u.mem.full_grad.data();
         return {r, param_base(u) + at_param * size_of(param_dtype),
-                has_master ? u.master.data() : nullptr,
-                (stage >= 2 ? u.shard_grad.data() : u.full_grad.data()) +
-                    at_grad * size_of(param_dtype)};
+                has_master ? u.mem.master.data() : nullptr, grad + at_grad * size_of(param_dtype)};
     }
 
     memory_report memory() const {
         memory_report m;
         for (const unit& u : units_) {
-            m.parameters += (stage == 3 ? u.shard : u.padded) * size_of(param_dtype);
-            m.gradients += (stage >= 2 ? u.shard : u.padded) * size_of(param_dtype);
+            m.parameters +=
+                (strategy::params_sharded ? u.mem.shard : u.mem.padded) * size_of(param_dtype);
+            m.gradients +=
+                (strategy::grads_sharded ? u.mem.shard : u.mem.padded) * size_of(param_dtype);
             if constexpr (has_master) {
-                m.master += (stage == 0 ? u.padded : u.shard) * size_of(master_dtype);
+                m.master +=
+                    (strategy::state_sharded ? u.mem.shard : u.mem.padded) * size_of(master_dtype);
             }
         }
         m.gathered_now = gathered_now_;
@@ -563,13 +572,14 @@ public:
         return m;
     }
     /// How many reductions may be pending before reduce_gradients waits for the
-    /// oldest (each holds a full gradient at stages 2-3).
+    /// oldest (each holds a full gradient when gradients are sharded).
     static constexpr std::size_t reductions_in_flight = 2;
 
-    /// Units gathered ahead of their gather() call so far.
-    std::size_t prefetched() const noexcept {
-        return prefetched_;
-    }
+    /// A hash of the unit collectives this rank issued since the last reset (their
+    /// kind and unit, in order): equal on every rank exactly when the ranks worked
+    /// on the same units in the same order. `fsdp` compares it once per step.
+    std::uint64_t issued_fingerprint() const noexcept { return issued_; }
+    void reset_fingerprint() noexcept { issued_ = detail::fnv1a64_offset; }
 
     /// Throws `argument_error` naming this rank and `operation`.
     [[noreturn]] void fail(const std::string& operation, const std::string& detail) const {
@@ -590,36 +600,60 @@ private:
 
     struct unit {
         std::size_t first = 0, last = 0; // entries
-        std::size_t numel = 0, padded = 0, shard = 0;
-        detail::flat_bytes full_param, shard_param, master, full_grad, shard_grad;
-        detail::flat_bytes wire, wire_shard; // reduce-dtype copies while reducing
+        detail::unit_memory mem;
         std::optional<request_type> gather, reduce;
         unit_state state = unit_state::sharded;
         bool grad_touched = false;
         bool reduced = false; // reduce_gradients was called in this step
     };
 
+    static int tag_of(std::size_t unit_index) noexcept {
+        return static_cast<int>(unit_index % 0x7ffffffe) + 1;
+    }
+    detail::unit_context context(unit& u, std::size_t unit_index) {
+        return {u.mem, config::dtypes, place_, shard_rank(), tag_of(unit_index)};
+    }
+    C* replica_comm() noexcept {
+        if constexpr (strategy::hybrid) {
+            return &*replica_own_;
+        } else {
+            return nullptr;
+        }
+    }
+
+    /// Mixes one issued collective (kind, unit) into the fingerprint.
+    void record(std::uint64_t kind, std::size_t unit_index) noexcept {
+        const std::uint64_t v[2] = {kind, static_cast<std::uint64_t>(unit_index)};
+        issued_ = detail::fnv1a64(v, sizeof v, issued_);
+    }
+
+    bool at_live_limit() const noexcept {
+        return options_.max_live_units > 0 && live_ >= options_.max_live_units;
+    }
+
     /// Completes the oldest pending reduction (waiting for it); with `write` false
     /// (after an earlier failure) only releases its buffers.
     void complete_front(bool write) {
-        unit& u = units_[pending_.front()];
+        const std::size_t k = pending_.front();
+        unit& u = units_[k];
         pending_.pop_front();
         struct cleanup {
             sharded_parameters* self;
             unit& u;
             ~cleanup() {
                 u.reduce.reset();
-                u.wire.reset();
-                u.wire_shard.reset();
+                u.mem.wire.reset();
+                u.mem.wire_shard.reset();
                 u.grad_touched = false;
-                if constexpr (stage >= 2) {
+                if constexpr (strategy::grads_sharded) {
                     self->drop_full_grad(u);
                 }
             }
         } done{this, u};
         u.reduce->wait();
         if (write) {
-            complete_reduction(u, 1.0 / static_cast<double>(comm_->size()));
+            strategy::complete(replica_comm(), context(u, k),
+                               1.0 / static_cast<double>(comm_->size()));
         }
     }
 
@@ -632,32 +666,8 @@ private:
         }
     }
 
-    void allocate(unit& u) {
-        const std::size_t p = size_of(param_dtype);
-        if constexpr (stage == 3) {
-            u.shard_param = zeroed(u.shard * p);
-        } else {
-            u.full_param = zeroed(u.padded * p);
-            u.state = unit_state::gathered;
-        }
-        if constexpr (has_master) {
-            u.master = zeroed((stage == 0 ? u.padded : u.shard) * size_of(master_dtype));
-        }
-        if constexpr (stage <= 1) {
-            u.full_grad = zeroed(u.padded * p);
-        } else {
-            u.shard_grad = zeroed(u.shard * p);
-        }
-    }
-
-    detail::flat_bytes zeroed(std::size_t bytes) const {
-        detail::flat_bytes b(bytes, place_.where);
-        detail::place_zero(place_, b.data(), dtype::u8, bytes);
-        return b;
-    }
-
     std::byte* param_base(unit& u) const noexcept {
-        return stage == 3 ? u.shard_param.data() : u.full_param.data();
+        return strategy::params_sharded ? u.mem.shard_param.data() : u.mem.full_param.data();
     }
 
     /// Copies the part of `values` (covering unit elements `whole`) that falls in
@@ -679,17 +689,23 @@ private:
         }
         detail::aligned_bytes staging((e - b) * size_of(dst_type));
         detail::convert_scale(staging.data(), dst_type, from, type, e - b);
-        detail::place_from_host(place_, to, staging.data(), staging.size());
+        place_.copy_from_host(to, staging.data(), staging.size());
     }
 
-    void launch_gather(unit& u) {
-        u.full_param = detail::flat_bytes(u.padded * size_of(param_dtype), place_.where);
-        fence_.order(place_, shard_comm(), "sharded_parameters gather");
-        u.gather = all_gather_async(
-            shard_comm(), const_buffer(u.shard_param.data(), u.shard, param_dtype, place_.where),
-            buffer{u.full_param.data(), u.padded, param_dtype, place_.where});
+    void launch_gather(std::size_t unit_index) {
+        unit& u = units_[unit_index];
+        u.mem.full_param = detail::flat_buffer(u.mem.padded * size_of(param_dtype), place_);
+        place_.order_before(shard_comm(), "sharded_parameters gather");
+        u.gather = detail::submit_tagged(
+            shard_comm(),
+            detail::all_gather_call(
+                detail::site(shard_comm(), operation::all_gather),
+                const_buffer(u.mem.shard_param.data(), u.mem.shard, param_dtype, place_.where()),
+                buffer{u.mem.full_param.data(), u.mem.padded, param_dtype, place_.where()}, false),
+            tag_of(unit_index));
+        record(0, unit_index);
         u.state = unit_state::gathering;
-        gathered_now_ += u.full_param.size();
+        gathered_now_ += u.mem.full_param.size();
         ++live_;
         track_peak();
     }
@@ -700,42 +716,16 @@ private:
     }
 
     void gradient_storage(unit& u) {
-        u.full_grad = detail::flat_bytes(u.padded * size_of(param_dtype), place_.where);
-        detail::place_zero(place_, u.full_grad.data(), param_dtype, u.padded);
-        gathered_now_ += u.full_grad.size();
+        u.mem.full_grad = detail::flat_buffer(u.mem.padded * size_of(param_dtype), place_);
+        place_.zero(u.mem.full_grad.data(), param_dtype, u.mem.padded);
+        gathered_now_ += u.mem.full_grad.size();
         track_peak();
     }
 
     void drop_full_grad(unit& u) {
-        if (u.full_grad) {
-            gathered_now_ -= u.full_grad.size();
-            u.full_grad.reset();
-        }
-    }
-
-    /// After the unit's collective: the replica all-reduce (hybrid), then the average
-    /// written, in the parameter dtype, where partition_of() points.
-    void complete_reduction(unit& u, double scale) {
-        if constexpr (stage == 0) {
-            detail::place_scale_cast(place_, u.full_grad.data(), param_dtype,
-                                     reduce_dtype != param_dtype ? u.wire.data()
-                                                                 : u.full_grad.data(),
-                                     reduce_dtype, u.padded, scale);
-        } else if constexpr (stage == 1) {
-            const std::size_t at = static_cast<std::size_t>(shard_rank()) * u.shard;
-            const std::byte* src =
-                (reduce_dtype != param_dtype ? u.wire.data() : u.full_grad.data()) +
-                at * size_of(reduce_dtype);
-            detail::place_scale_cast(place_, u.full_grad.data() + at * size_of(param_dtype),
-                                     param_dtype, src, reduce_dtype, u.shard, scale);
-        } else {
-            std::byte* got =
-                reduce_dtype != param_dtype ? u.wire_shard.data() : u.shard_grad.data();
-            if constexpr (config::hybrid) {
-                all_reduce(*replica_own_, buffer{got, u.shard, reduce_dtype, place_.where});
-            }
-            detail::place_scale_cast(place_, u.shard_grad.data(), param_dtype, got, reduce_dtype,
-                                     u.shard, scale);
+        if (u.mem.full_grad) {
+            gathered_now_ -= u.mem.full_grad.size();
+            u.mem.full_grad.reset();
         }
     }
 
@@ -777,7 +767,7 @@ private:
     void verify_layout() {
         std::uint64_t layout = detail::fnv1a64_offset;
         for (const unit& u : units_) {
-            const std::uint64_t n[2] = {u.last - u.first, u.numel};
+            const std::uint64_t n[2] = {u.last - u.first, u.mem.numel};
             layout = detail::fnv1a64(n, sizeof n, layout);
         }
         for (const entry& e : entries_) {
@@ -785,37 +775,27 @@ private:
             layout = detail::fnv1a64(&e.numel, sizeof e.numel, layout);
         }
         const std::size_t n = entries_.size();
+        // Sizes first: a rank with another parameter count would otherwise call the
+        // second all_gather with another count.
+        detail::verify_same_layout(*comm_, place_, static_cast<std::int64_t>(n), layout,
+                                   {"sharded_parameters start", "added", "parameters",
+                                    "with other names or sizes",
+                                    "every rank must add the same units in the same order"});
+        if (n == 0) {
+            return;
+        }
         // (as int64: the collectives carry signed 64-bit integers)
-        std::vector<std::int64_t> mine(2 + n);
-        mine[0] = static_cast<std::int64_t>(n);
-        mine[1] = static_cast<std::int64_t>(layout);
+        std::vector<std::int64_t> mine(n);
         for (std::size_t i = 0; i < n; ++i) {
-            mine[2 + i] =
+            mine[i] =
                 static_cast<std::int64_t>(entries_[i].initialized ? entries_[i].init_hash : 0);
         }
-        // Sizes first (a rank with a different parameter count would otherwise
-        // call the second all_gather with another count).
-        std::vector<std::int64_t> heads(2 * static_cast<std::size_t>(comm_->size()));
-        detail::control_all_gather(*comm_, std::span<const std::int64_t>(mine.data(), 2),
-                                   std::span<std::int64_t>(heads));
-        for (int r = 0; r < comm_->size(); ++r) {
-            const auto i = 2 * static_cast<std::size_t>(r);
-            if (heads[i] != mine[0] || heads[i + 1] != mine[1]) {
-                throw mismatch_error(comm_->rank(), "sharded_parameters start",
-                                     "rank " + std::to_string(r) + " added " +
-                                         std::to_string(heads[i]) + " parameters" +
-                                         (heads[i] == mine[0] ? " with other names or sizes" : "") +
-                                         ", this rank " + std::to_string(mine[0]) +
-                                         ": every rank must add the same units in the same order",
-                                     r, "parameters");
-            }
-        }
-        std::vector<std::int64_t> all((2 + n) * static_cast<std::size_t>(comm_->size()));
-        detail::control_all_gather(*comm_, std::span<const std::int64_t>(mine),
+        std::vector<std::int64_t> all(n * static_cast<std::size_t>(comm_->size()));
+        detail::control_all_gather(*comm_, place_, std::span<const std::int64_t>(mine),
                                    std::span<std::int64_t>(all));
         for (int r = 0; r < comm_->size(); ++r) {
             for (std::size_t i = 0; i < n; ++i) {
-                if (all[static_cast<std::size_t>(r) * (2 + n) + 2 + i] != mine[2 + i]) {
+                if (all[static_cast<std::size_t>(r) * n + i] != mine[i]) {
                     throw mismatch_error(comm_->rank(), "sharded_parameters start",
                                          "parameter '" + entries_[i].name +
                                              "' was set to other initial values on rank " +
@@ -829,17 +809,16 @@ private:
     }
 
     C* comm_;
+    shard_options options_;
     detail::placement place_;
-    detail::stream_fence fence_;
     std::optional<C> shard_own_, replica_own_;
     std::vector<entry> entries_;
     std::vector<unit> units_;
     std::deque<std::size_t> pending_; // units whose reduction is in flight, oldest first
-    std::size_t gathered_now_ = 0, gathered_peak_ = 0, prefetched_ = 0;
+    std::size_t gathered_now_ = 0, gathered_peak_ = 0;
     int live_ = 0, live_peak_ = 0;
+    std::uint64_t issued_ = detail::fnv1a64_offset;
     bool started_ = false;
 };
-
-} // namespace UNISON_TU_ABI
 
 } // namespace unison

@@ -588,13 +588,17 @@ public:
         state_->engine.drain();
         state_->mover = std::move(m);
     }
+    /// Moves host memory always, device memory once attached (device_communicator).
+    static constexpr bool moves_host_memory = true;
     /// The CUDA stream (a cudaStream_t) this rank's device collectives run on, or
     /// null when no device is attached.
     void* device_stream() const noexcept {
         return state_->mover ? state_->mover->stream() : nullptr;
     }
-    /// The attached CUDA device, or -1.
-    int device_index() const noexcept { return state_->mover ? state_->mover->device() : -1; }
+    /// The attached CUDA device, or host when none is attached.
+    device device_location() const noexcept {
+        return state_->mover ? device::cuda(state_->mover->device()) : device::host();
+    }
 
     /// Used by thread_world; users get communicators from thread_world::run.
     thread_communicator(std::shared_ptr<detail::thread_group> group, int rank, comm_options o)
@@ -624,6 +628,6 @@ inline void thread_request::wait() {
 }
 
 static_assert(request<thread_request>);
-static_assert(communicator<thread_communicator>);
+static_assert(device_communicator<thread_communicator>);
 
 } // namespace unison

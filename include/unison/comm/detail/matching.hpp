@@ -22,6 +22,7 @@ struct call_signature {
     std::uint64_t root = 0;
     std::uint64_t count = 0;
     std::uint64_t counts_hash = 0; ///< all_gatherv: FNV-1a of the counts list
+    std::uint64_t tag = 0;         ///< what a collective belongs to (collective_call::tag)
 };
 
 inline call_signature signature_of(const collective_call& c) {
@@ -35,6 +36,8 @@ inline call_signature signature_of(const collective_call& c) {
     s.root = rooted ? static_cast<std::uint64_t>(c.root) : 0;
     // all_gatherv ranks legitimately send different counts; their lists must agree.
     s.count = c.op == operation::all_gatherv || c.op == operation::barrier ? 0 : c.count;
+    const bool p2p = c.op == operation::send || c.op == operation::recv;
+    s.tag = p2p ? 0 : static_cast<std::uint64_t>(static_cast<std::uint32_t>(c.tag));
     if (c.op == operation::all_gatherv) {
         std::uint64_t h = 1469598103934665603ull;
         for (std::size_t v : c.counts) {
@@ -75,6 +78,11 @@ inline void check_signature(int rank, const std::string& label, int ref_rank,
         field = "counts";
         a = "one counts list";
         b = "a different one";
+    } else if (theirs.tag != ref.tag) {
+        field = "tag";
+        a = "tag " + std::to_string(ref.tag);
+        b = "tag " + std::to_string(theirs.tag) +
+            " (the unit or bucket the call belongs to differs across ranks)";
     }
     if (field != nullptr) {
         throw mismatch_error(rank, label,

@@ -6,7 +6,7 @@
 
 #include "unison/core/config.hpp"
 
-#if !UNISON_HAS_CUDA() || !defined(__CUDACC__)
+#if !UNISON_CUDA_COMPILATION()
 #error "unison/kernels/*.cuh are CUDA headers: include them from a .cu file compiled by nvcc"
 #endif
 

@@ -6,6 +6,8 @@
 /// microseconds of each other), then yield, then sleep on a condition variable in
 /// short slices so that an abort or a departed peer is noticed within milliseconds.
 
+#include "unison/core/detail/clock.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -27,8 +29,6 @@ inline void cpu_relax() noexcept {
     asm volatile("yield");
 #endif
 }
-
-using clock = std::chrono::steady_clock;
 
 enum class wait_result { done, timed_out, stopped };
 

@@ -1,59 +1,19 @@
 #pragma once
 
 /// \file
-/// Optimizers as element math on flat shards: SGD with momentum, Adam and AdamW, in
-/// PyTorch's order of operations. Each optimizer is a small value type holding its
-/// hyperparameters (change them between steps for schedules) and says
-///   - `name` and `slot_names`: its state tensors, one element per parameter each
-///     ("momentum"; "exp_avg", "exp_avg_sq"), which is what checkpoints record;
-///   - `prepare<A>(step)`: the per-step constants, computed once on the host in the
-///     compute type `A` (float for f32 master weights, double for f64);
-///   - `update(constants, p, g, state)`: one element's step, `__host__ __device__`,
-///     so the CUDA kernels and the host loop of `partitioned_optimizer` share it.
-/// `g` arrives already unscaled (loss scale) and clipped.
+/// Adam and AdamW as element math on flat shards, in PyTorch's order of operations
+/// (see optimizer.hpp for the shape every optimizer has).
 
 #include "unison/core/config.hpp"
+#include "unison/optim/optimizer.hpp"
 
 #include <array>
 #include <cmath>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
 namespace unison::optim {
-
-/// torch.optim.SGD (dampening 0, no Nesterov):
-///   g += weight_decay * p;  buf = momentum * buf + g;  p -= lr * buf
-/// The buffer starts at zero, so the first step's buffer is g, as in PyTorch.
-struct sgd {
-    double lr = 1e-2;
-    double momentum = 0.0;
-    double weight_decay = 0.0;
-
-    static constexpr std::string_view name = "sgd";
-    static constexpr std::size_t slots = 1;
-    static constexpr std::array<std::string_view, slots> slot_names{"momentum"};
-
-    template <class A>
-    struct constants {
-        A lr, momentum, weight_decay;
-    };
-    template <class A>
-    constants<A> prepare(std::uint64_t /*step*/) const {
-        return {static_cast<A>(lr), static_cast<A>(momentum), static_cast<A>(weight_decay)};
-    }
-    template <class A>
-    UNISON_HOST_DEVICE static void update(const constants<A>& c, A& p, A g, A (&s)[slots]) {
-        g = g + c.weight_decay * p;
-        if (c.momentum != A(0)) {
-            s[0] = c.momentum * s[0] + g;
-            p -= c.lr * s[0];
-        } else {
-            p -= c.lr * g;
-        }
-    }
-};
 
 namespace detail {
 
@@ -96,10 +56,6 @@ UNISON_HOST_DEVICE void adam_update(const adam_constants<A>& c, A& p, A g, A& m,
     p -= c.step_size * (m / denom);
 }
 
-} // namespace detail
-
-namespace detail {
-
 /// Adam and AdamW: the same moments; `Decoupled` picks AdamW's weight decay.
 template <bool Decoupled>
 struct adam_family {
@@ -135,13 +91,7 @@ using adam = detail::adam_family<false>;
 /// p *= 1 - lr * weight_decay before the Adam step.
 using adamw = detail::adam_family<true>;
 
-/// What `partitioned_optimizer` needs of an optimizer type.
-template <class O>
-concept optimizer = requires(const O& o) {
-    { O::name } -> std::convertible_to<std::string_view>;
-    { O::slots } -> std::convertible_to<std::size_t>;
-    o.template prepare<float>(std::uint64_t{1});
-    o.template prepare<double>(std::uint64_t{1});
-};
+static_assert(optimizer<adam>);
+static_assert(optimizer<adamw>);
 
 } // namespace unison::optim

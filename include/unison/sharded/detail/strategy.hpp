@@ -1,0 +1,240 @@
+#pragma once
+
+/// \file
+/// What each sharding strategy keeps resident and how it reduces gradients: one
+/// specialization of `sharding<Strategy>` per strategy tag (sharded/policies.hpp),
+/// each owning its allocation, its gradient collective and the completion of that
+/// collective. `sharded_parameters` calls these and asks the named facts
+/// (`params_sharded`, ...) for the rest, so no code tests a stage number.
+///
+/// A unit's parameters lie back to back in one flat buffer padded to a multiple of
+/// the shard group's size S; rank r's shard is elements [r * shard, (r + 1) * shard).
+
+#include "unison/comm/collectives.hpp"
+#include "unison/core/detail/policy.hpp"
+#include "unison/core/dtype.hpp"
+#include "unison/parallel/detail/placement.hpp"
+#include "unison/sharded/policies.hpp"
+
+#include <cstddef>
+#include <string_view>
+
+namespace unison::detail {
+
+/// The flat memory of one unit. Which buffers exist depends on the strategy.
+struct unit_memory {
+    std::size_t numel = 0;  ///< the parameters' elements
+    std::size_t padded = 0; ///< numel rounded up to a multiple of the shard group size
+    std::size_t shard = 0;  ///< padded / shard group size
+    flat_buffer full_param, shard_param, master, full_grad, shard_grad;
+    flat_buffer wire, wire_shard; ///< reduce-dtype copies while reducing
+};
+
+/// The dtypes a unit is kept in (from the precision policy).
+struct unit_dtypes {
+    dtype param = dtype::f32;
+    dtype reduce = dtype::f32;
+    dtype master = dtype::f32;
+    bool has_master = false; ///< a master copy exists (master differs from param)
+};
+
+/// What a strategy's operations work on: one unit, its dtypes and placement, and
+/// this rank's place in the shard group.
+struct unit_context {
+    unit_memory& u;
+    const unit_dtypes& types;
+    const placement& place;
+    int shard_rank = 0;
+    int tag = 0; ///< the unit's collective tag
+};
+
+/// Submits `call` with `tag` (the unit, plus one): call matching compares it across
+/// ranks (collective_call::tag).
+template <class C>
+typename C::request_type submit_tagged(C& comm, collective_call call, int tag) {
+    call.tag = tag;
+    return comm.submit(call);
+}
+
+inline flat_buffer zeroed_buffer(std::size_t bytes, const placement& p) {
+    flat_buffer b(bytes, p);
+    p.zero(b.data(), dtype::u8, bytes);
+    return b;
+}
+
+/// The primary template: a type that is not a sharding strategy.
+template <class Strategy>
+struct sharding {
+    static_assert(always_false<Strategy>,
+                  "unison: no sharding strategy of this type; use policy::shard::full, grad_op, "
+                  "hybrid, gradients, optimizer_state, none or policy::zero<0..3>");
+};
+
+/// ZeRO-0: everything replicated; the full gradients are all-reduced.
+struct replicate_everything {
+    static constexpr int stage = 0;
+    static constexpr bool params_sharded = false; ///< full parameters resident (else a shard)
+    static constexpr bool grads_sharded = false;  ///< full gradients resident (else a shard)
+    static constexpr bool state_sharded =
+        false;                               ///< master + state of the whole unit (else a shard)
+    static constexpr bool publishes = false; ///< parameters all-gathered after each step
+    static constexpr bool reshard_after_forward = false;
+    static constexpr bool hybrid = false;
+    static constexpr std::string_view layout_name = "zero0";
+
+    static void allocate(const unit_context& c) {
+        const std::size_t p = size_of(c.types.param);
+        c.u.full_param = zeroed_buffer(c.u.padded * p, c.place);
+        if (c.types.has_master) {
+            c.u.master = zeroed_buffer(c.u.padded * size_of(c.types.master), c.place);
+        }
+        c.u.full_grad = zeroed_buffer(c.u.padded * p, c.place);
+    }
+    /// Launches the reduction of `whole`, the unit's full gradient in the reduce dtype.
+    template <class C>
+    static typename C::request_type reduce(C& shard_comm, const unit_context& c, void* whole) {
+        const buffer b{whole, c.u.padded, c.types.reduce, c.place.where()};
+        return submit_tagged(
+            shard_comm,
+            all_reduce_call(site(shard_comm, operation::all_reduce), b, b, reduce_op::sum), c.tag);
+    }
+    /// After it completed: the sum times `scale`, in the parameter dtype, where the
+    /// optimizer reads the gradient.
+    template <class C>
+    static void complete(C*, const unit_context& c, double scale) {
+        const bool wire = c.types.reduce != c.types.param;
+        c.place.scale_cast(c.u.full_grad.data(), c.types.param,
+                           wire ? c.u.wire.data() : c.u.full_grad.data(), c.types.reduce,
+                           c.u.padded, scale);
+    }
+};
+
+/// ZeRO-1: the optimizer state and master weights of the owned shard only; the
+/// full gradients are reduce-scattered in place and the new parameters published.
+struct shard_optimizer_state {
+    static constexpr int stage = 1;
+    static constexpr bool params_sharded = false;
+    static constexpr bool grads_sharded = false;
+    static constexpr bool state_sharded = true;
+    static constexpr bool publishes = true;
+    static constexpr bool reshard_after_forward = false;
+    static constexpr bool hybrid = false;
+    static constexpr std::string_view layout_name = "zero1";
+
+    static void allocate(const unit_context& c) {
+        const std::size_t p = size_of(c.types.param);
+        c.u.full_param = zeroed_buffer(c.u.padded * p, c.place);
+        if (c.types.has_master) {
+            c.u.master = zeroed_buffer(c.u.shard * size_of(c.types.master), c.place);
+        }
+        c.u.full_grad = zeroed_buffer(c.u.padded * p, c.place);
+    }
+    template <class C>
+    static typename C::request_type reduce(C& shard_comm, const unit_context& c, void* whole) {
+        const call_site s = site(shard_comm, operation::reduce_scatter);
+        const buffer b{whole, c.u.padded, c.types.reduce, c.place.where()};
+        return submit_tagged(
+            shard_comm, reduce_scatter_call(s, b, block_of(s, b), reduce_op::sum, true), c.tag);
+    }
+    template <class C>
+    static void complete(C*, const unit_context& c, double scale) {
+        const std::size_t at = static_cast<std::size_t>(c.shard_rank) * c.u.shard;
+        const bool wire = c.types.reduce != c.types.param;
+        const std::byte* src =
+            (wire ? c.u.wire.data() : c.u.full_grad.data()) + at * size_of(c.types.reduce);
+        c.place.scale_cast(c.u.full_grad.data() + at * size_of(c.types.param), c.types.param, src,
+                           c.types.reduce, c.u.shard, scale);
+    }
+};
+
+/// Reduce-scatter of a unit's full gradient into the owned gradient shard: what
+/// ZeRO-2 and ZeRO-3 share.
+struct reduce_into_shard {
+    static constexpr bool grads_sharded = true;
+    static constexpr bool state_sharded = true;
+
+    template <class C>
+    static typename C::request_type reduce(C& shard_comm, const unit_context& c, void* whole) {
+        void* out = c.u.shard_grad.data();
+        if (c.types.reduce != c.types.param) {
+            c.u.wire_shard = flat_buffer(c.u.shard * size_of(c.types.reduce), c.place);
+            out = c.u.wire_shard.data();
+        }
+        return submit_tagged(
+            shard_comm,
+            reduce_scatter_call(site(shard_comm, operation::reduce_scatter),
+                                const_buffer(whole, c.u.padded, c.types.reduce, c.place.where()),
+                                buffer{out, c.u.shard, c.types.reduce, c.place.where()},
+                                reduce_op::sum, false),
+            c.tag);
+    }
+    /// `replica` (hybrid only): the communicator across the shard groups, over which
+    /// the shard's sum is all-reduced first.
+    template <class C>
+    static void complete(C* replica, const unit_context& c, double scale) {
+        std::byte* got =
+            c.types.reduce != c.types.param ? c.u.wire_shard.data() : c.u.shard_grad.data();
+        if (replica != nullptr) {
+            all_reduce(*replica, buffer{got, c.u.shard, c.types.reduce, c.place.where()});
+        }
+        c.place.scale_cast(c.u.shard_grad.data(), c.types.param, got, c.types.reduce, c.u.shard,
+                           scale);
+    }
+};
+
+/// ZeRO-2: the gradients sharded too; the full gradient exists only from its first
+/// write in backward until its reduce-scatter completes.
+struct shard_gradients : reduce_into_shard {
+    static constexpr int stage = 2;
+    static constexpr bool params_sharded = false;
+    static constexpr bool publishes = true;
+    static constexpr bool reshard_after_forward = false;
+    static constexpr bool hybrid = false;
+    static constexpr std::string_view layout_name = "zero2";
+
+    static void allocate(const unit_context& c) {
+        const std::size_t p = size_of(c.types.param);
+        c.u.full_param = zeroed_buffer(c.u.padded * p, c.place);
+        if (c.types.has_master) {
+            c.u.master = zeroed_buffer(c.u.shard * size_of(c.types.master), c.place);
+        }
+        c.u.shard_grad = zeroed_buffer(c.u.shard * p, c.place);
+    }
+};
+
+/// ZeRO-3 and FSDP: the parameters sharded too, gathered around their use.
+/// `Reshard`: the gathered parameters are freed after forward (and gathered again
+/// for backward). `Hybrid`: within shard groups, all-reduced across them.
+template <bool Reshard, bool Hybrid>
+struct shard_parameters : reduce_into_shard {
+    static constexpr int stage = 3;
+    static constexpr bool params_sharded = true;
+    static constexpr bool publishes = false;
+    static constexpr bool reshard_after_forward = Reshard;
+    static constexpr bool hybrid = Hybrid;
+    static constexpr std::string_view layout_name = Hybrid ? "fsdp_hybrid" : "zero3";
+
+    static void allocate(const unit_context& c) {
+        const std::size_t p = size_of(c.types.param);
+        c.u.shard_param = zeroed_buffer(c.u.shard * p, c.place);
+        if (c.types.has_master) {
+            c.u.master = zeroed_buffer(c.u.shard * size_of(c.types.master), c.place);
+        }
+        c.u.shard_grad = zeroed_buffer(c.u.shard * p, c.place);
+    }
+};
+
+template <>
+struct sharding<policy::shard::none> : replicate_everything {};
+template <>
+struct sharding<policy::shard::optimizer_state> : shard_optimizer_state {};
+template <>
+struct sharding<policy::shard::gradients> : shard_gradients {};
+template <>
+struct sharding<policy::shard::full> : shard_parameters<true, false> {};
+template <>
+struct sharding<policy::shard::grad_op> : shard_parameters<false, false> {};
+template <>
+struct sharding<policy::shard::hybrid> : shard_parameters<true, true> {};
+
+} // namespace unison::detail

@@ -1,0 +1,633 @@
+#pragma once
+
+/// \file
+/// `fsdp`: the sharding engine, the counterpart of `unison::ddp` for FSDP and ZeRO.
+/// It owns the parameters, gradients and optimizer state, sharded as the strategy
+/// says; the framework tells it where each unit's forward and backward run, and
+/// `step()` does the rest.
+///
+///     unison::fsdp<Comm, policy::shard::full, policy::mixed_precision<dtype::bf16>> engine(
+///         comm, {.optimizer = {.lr = 3e-4}, .max_grad_norm = 1.0});
+///     for (auto& layer : model.layers()) {               // a unit: what is gathered together
+///         layer.unit = engine.add_unit({{layer.w.name, layer.w.init, bind(layer.w)},
+///                                       {layer.b.name, layer.b.init, bind(layer.b)}});
+///     }
+///     engine.start();                                    // every rank: same units, same values
+///     for (auto& batch : data) {
+///         // forward:  per unit, { auto s = engine.forward(layer.unit);  compute }
+///         // backward: per unit, { auto s = engine.backward(layer.unit); compute gradients }
+///         engine.step();                                 // clip, skip on inf/nan, update, zero
+///     }
+///
+/// Forward and backward of a unit are either RAII scopes (`forward(u)`,
+/// `backward(u)`) or four hooks for frameworks with pre/post callbacks
+/// (`before_forward(u)` ... `after_backward(u)`). Entering a unit gathers its
+/// parameters (when they are sharded) and calls each parameter's binder with views
+/// of the gathered values (and, in backward, of the gradient to accumulate into);
+/// leaving it releases them, and leaving backward starts the gradients' reduction.
+/// A unit used k times in one forward gets k backward scopes; its reduction starts
+/// after the k-th. Units that took no part in a step's backward are reduced as zero
+/// in step(), so every rank issues the same collectives.
+///
+/// Prefetching follows the order units ran in the first step: entering a unit also
+/// starts gathering the next `prefetch` units of that order (registration order in
+/// the first step), within `max_live_units`.
+///
+/// `step()` completes the reductions, then in one small all-reduce checks for
+/// inf/nan (skipping the step on every rank), computes the global norm (clipping to
+/// `max_grad_norm`) and checks that every rank gathered and reduced the same units
+/// in the same order (otherwise every rank throws mismatch_error, the step not
+/// taken); it updates this rank's partition, publishes parameters where the
+/// strategy needs it, and zeroes the gradients for the next step.
+///
+/// Not thread-safe; every rank runs the same units in the same order.
+
+#include "unison/comm/communicator.hpp"
+#include "unison/core/dtype.hpp"
+#include "unison/core/error.hpp"
+#include "unison/core/tensor.hpp"
+#include "unison/sharded/detail/config.hpp"
+#include "unison/sharded/options.hpp"
+#include "unison/sharded/partitioned_optimizer.hpp"
+#include "unison/sharded/sharded_parameters.hpp"
+
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace unison {
+
+/// One parameter of an engine: `id()` is its place in registration order (the
+/// order of add_unit calls and of the parameters within each).
+class parameter_handle {
+public:
+    parameter_handle() = default;
+    std::size_t id() const noexcept { return id_; }
+    bool operator==(const parameter_handle&) const = default;
+
+private:
+    template <communicator, class...>
+    friend class fsdp;
+    friend class unit_handle;
+    parameter_handle(const void* owner, std::size_t id) : owner_(owner), id_(id) {}
+    const void* owner_ = nullptr;
+    std::size_t id_ = 0;
+};
+
+/// One unit of an engine and its parameters, in the order they were given.
+class unit_handle {
+public:
+    unit_handle() = default;
+    /// The unit's place in registration order.
+    std::size_t index() const noexcept { return index_; }
+    /// How many parameters it has.
+    std::size_t size() const noexcept { return count_; }
+    /// Its `j`-th parameter (std::out_of_range past the end).
+    parameter_handle operator[](std::size_t j) const {
+        if (j >= count_) {
+            throw std::out_of_range("unison::unit_handle: unit " + std::to_string(index_) +
+                                    " has " + std::to_string(count_) + " parameters, asked for #" +
+                                    std::to_string(j));
+        }
+        return {owner_, first_ + j};
+    }
+    bool operator==(const unit_handle&) const = default;
+
+private:
+    template <communicator, class...>
+    friend class fsdp;
+    unit_handle(const void* owner, std::size_t index, std::size_t first, std::size_t count)
+        : owner_(owner), index_(index), first_(first), count_(count) {}
+    const void* owner_ = nullptr;
+    std::size_t index_ = 0, first_ = 0, count_ = 0;
+};
+
+/// The sharding engine over communicator `C`, assembled from `Policies`: a strategy
+/// (policy::shard::full by default, or policy::zero<N>), a precision
+/// (policy::mixed_precision) and an optimizer type (optim::adamw by default), in any
+/// order; the numbers come in `fsdp_options`.
+template <communicator C, class... Policies>
+class fsdp {
+public:
+    using config = detail::fsdp_config<Policies...>;
+    using optimizer_type = typename config::optimizer;
+    using params_type =
+        sharded_parameters<C, typename config::sharding, typename config::precision>;
+    using optimizer_state_type = partitioned_optimizer<params_type, optimizer_type>;
+    using options_type = fsdp_options<optimizer_type>;
+    using strategy = typename params_type::strategy;
+    /// The element type parameters and gradients are kept (and computed) in.
+    using value_type = element_t<params_type::param_dtype>;
+    /// Called when a parameter's memory changes: with its values and, inside
+    /// backward, the gradient to accumulate into (empty views otherwise); with two
+    /// empty views when the gathered memory is freed. A framework points its
+    /// tensor at them.
+    using binder = std::function<void(view<value_type> value, view<value_type> gradient)>;
+
+    /// One parameter of a unit: its name (unique; checkpoints use it), its initial
+    /// values (any floating-point host tensor, the same on every rank; it must live
+    /// until add_unit returns, so temporaries are refused) or just its size (it starts
+    /// at zero), and its binder (may be empty).
+    struct parameter {
+        std::string name;
+        const_buffer initial{};
+        std::size_t numel = 0;
+        binder bind;
+
+        template <tensor T>
+        parameter(std::string n, const T& values, binder b = {})
+            : name(std::move(n)), initial(as_const_buffer(values)), numel(initial.count),
+              bind(std::move(b)) {}
+        /// A temporary's values would be gone before add_unit reads them.
+        template <class T>
+        requires(tensor<std::remove_cvref_t<T>> && !std::is_lvalue_reference_v<T>)
+            parameter(std::string, T&&, binder = {})
+        = delete;
+        parameter(std::string n, std::size_t size, binder b = {})
+            : name(std::move(n)), numel(size), bind(std::move(b)) {}
+    };
+
+    /// A unit's forward or backward, from construction to destruction (see forward()
+    /// and backward()). Move-only.
+    class unit_scope {
+    public:
+        unit_scope(unit_scope&& o) noexcept
+            : engine_(std::exchange(o.engine_, nullptr)), unit_(o.unit_), backward_(o.backward_),
+              exceptions_(o.exceptions_) {}
+        unit_scope& operator=(unit_scope&&) = delete;
+        unit_scope(const unit_scope&) = delete;
+        unit_scope& operator=(const unit_scope&) = delete;
+        /// Leaves the unit; during stack unwinding only its memory is released (no
+        /// collective is started, so a failing rank cannot block the others).
+        ~unit_scope() noexcept(false) {
+            if (engine_ == nullptr) {
+                return;
+            }
+            if (std::uncaught_exceptions() > exceptions_) {
+                engine_->abandon(unit_);
+            } else if (backward_) {
+                engine_->after_backward(unit_);
+            } else {
+                engine_->after_forward(unit_);
+            }
+        }
+
+    private:
+        friend class fsdp;
+        unit_scope(fsdp* e, unit_handle u, bool backward)
+            : engine_(e), unit_(u), backward_(backward), exceptions_(std::uncaught_exceptions()) {}
+        fsdp* engine_;
+        unit_handle unit_;
+        bool backward_;
+        int exceptions_;
+    };
+
+    /// Keeps a reference to `comm`, which must outlive the engine. Splitting the
+    /// communicator for shard::hybrid is collective.
+    explicit fsdp(C& comm, options_type options = {})
+        : comm_(&comm), options_(std::move(options)),
+          params_(comm, shard_options{options_.max_live_units, options_.shard_group_size}) {
+        if (options_.prefetch < 0) {
+            fail("fsdp", "prefetch is " + std::to_string(options_.prefetch) +
+                             "; it is 0 (off) or a number of units");
+        }
+    }
+
+    fsdp(const fsdp&) = delete;
+    fsdp& operator=(const fsdp&) = delete;
+
+    /// For `unison::cuda::use_device` (parallel/device.cuh): every buffer on the
+    /// installer's device, the kernels on its compute stream. Before add_unit.
+    template <class Installer>
+    void install_device(Installer& installer) {
+        params_.install_device(installer);
+        device_step_ =
+            installer.template optimizer_step<optimizer_type,
+                                              typename optimizer_state_type::compute_type>();
+    }
+
+    // ----------------------------------------------------------- registration
+
+    /// Adds a unit (what is gathered together: a layer, a block) made of `params`,
+    /// in that order, keeping this rank's part of their initial values. Every rank
+    /// adds the same units in the same order; before start().
+    unit_handle add_unit(std::span<const parameter> params) {
+        if (started_) {
+            fail("add_unit", "unit added after start()");
+        }
+        std::vector<parameter_spec> specs;
+        specs.reserve(params.size());
+        for (const parameter& p : params) {
+            specs.push_back({p.name, p.numel});
+        }
+        const std::size_t k = params_.add_unit(std::span<const parameter_spec>(specs));
+        const std::size_t first = params_.parameters_of(k).first;
+        for (std::size_t j = 0; j < params.size(); ++j) {
+            if (params[j].initial.data != nullptr || params[j].initial.count != 0) {
+                params_.set_parameter(first + j, params[j].initial);
+            }
+            binders_.push_back(params[j].bind);
+        }
+        units_.push_back(unit_state{});
+        return unit_handle(this, k, first, params.size());
+    }
+    unit_handle add_unit(std::initializer_list<parameter> params) {
+        return add_unit(std::span<const parameter>(params.begin(), params.size()));
+    }
+
+    /// Whether parameter `p` gets weight decay (default: every parameter does; the
+    /// usual recipe excludes biases, norms and embeddings).
+    void set_weight_decay(parameter_handle p, bool decay) {
+        static_assert(optimizer_state_type::has_weight_decay, "this optimizer has no weight_decay");
+        check(p, "set_weight_decay");
+        if (optimizer_) {
+            optimizer_->set_weight_decay(p.id(), decay);
+            return;
+        }
+        decay_.resize(params_.parameter_count(), 1);
+        decay_[p.id()] = decay ? 1 : 0;
+    }
+
+    /// Checks that every rank added the same units with the same initial values, and
+    /// allocates the optimizer state. Collective.
+    void start() {
+        if (started_) {
+            fail("start", "start() called twice");
+        }
+        params_.start();
+        optimizer_.emplace(params_, options_.optimizer,
+                           step_options{options_.max_grad_norm, options_.skip_nonfinite},
+                           options_.loss_scaling);
+        if (device_step_) {
+            stored_step installer{std::move(device_step_)};
+            optimizer_->install_device(installer);
+        }
+        if constexpr (optimizer_state_type::has_weight_decay) {
+            for (std::size_t id = 0; id < decay_.size(); ++id) {
+                if (decay_[id] == 0) {
+                    optimizer_->set_weight_decay(id, false);
+                }
+            }
+        }
+        started_ = true;
+        if constexpr (strategy::params_sharded) {
+            return;
+        }
+        // Resident parameters: bound once, for forward and evaluation alike.
+        for (std::size_t k = 0; k < units_.size(); ++k) {
+            bind(k, false);
+        }
+    }
+
+    // ------------------------------------------------------------ forward/backward
+
+    /// Enters unit `u`'s forward: gathers its parameters (prefetching the next units)
+    /// and binds them. The scope's end leaves it (after_forward).
+    [[nodiscard]] unit_scope forward(const unit_handle& u) {
+        before_forward(u);
+        return unit_scope(this, u, false);
+    }
+    /// Enters unit `u`'s backward: gathers its parameters, binds them and the
+    /// gradients to accumulate into. The scope's end leaves it (after_backward:
+    /// starts the gradients' reduction).
+    [[nodiscard]] unit_scope backward(const unit_handle& u) {
+        before_backward(u);
+        return unit_scope(this, u, true);
+    }
+
+    /// The hook form of forward(u)'s entry.
+    void before_forward(const unit_handle& u) {
+        const std::size_t k = enter(u, "before_forward", phase::forward);
+        entering guard{units_[k]};
+        params_.gather(k, pass::forward);
+        prefetch_after(k, phase::forward);
+        bind(k, false);
+        ++units_[k].uses;
+        guard.done = true;
+    }
+    /// The hook form of forward(u)'s exit: releases the gathered parameters when the
+    /// strategy reshards after forward.
+    void after_forward(const unit_handle& u) {
+        const std::size_t k = leave(u, "after_forward", phase::forward);
+        release(k, pass::forward);
+    }
+    /// The hook form of backward(u)'s entry.
+    void before_backward(const unit_handle& u) {
+        const std::size_t k = enter(u, "before_backward", phase::backward);
+        entering guard{units_[k]};
+        params_.gather(k, pass::backward);
+        prefetch_after(k, phase::backward);
+        bind(k, true);
+        guard.done = true;
+    }
+    /// The hook form of backward(u)'s exit: starts the reduction of the unit's
+    /// gradients once every forward use of it has had its backward, and releases
+    /// the gathered parameters.
+    void after_backward(const unit_handle& u) {
+        const std::size_t k = leave(u, "after_backward", phase::backward);
+        unit_state& s = units_[k];
+        ++s.backwards;
+        if (s.backwards >= s.uses && !s.reduced) {
+            s.reduced = true;
+            params_.reduce_gradients(k);
+        }
+        release(k, pass::backward);
+    }
+
+    /// Frees every gathered unit outside a scope: after evaluation forwards with a
+    /// strategy that keeps forward's parameters for backward (shard::grad_op), which
+    /// would otherwise stay gathered until the next backward or step(). No-op when
+    /// parameters are not sharded.
+    void release_all() {
+        require_started("release_all");
+        for (std::size_t k = 0; k < units_.size(); ++k) {
+            if (units_[k].active == phase::none) {
+                release(k, pass::backward);
+            }
+        }
+    }
+
+    /// Parameter `p`'s values: inside its unit's scope, or any time when parameters
+    /// are not sharded.
+    view<value_type> value(parameter_handle p) {
+        check(p, "value");
+        const std::size_t k = params_.unit_of(p.id());
+        if (!params_.gathered(k)) {
+            fail("value", "parameter '" + params_.name(p.id()) +
+                              "' read outside its unit's "
+                              "forward or backward (unit " +
+                              std::to_string(k) + " is not gathered)");
+        }
+        return params_.template parameter<value_type>(p.id());
+    }
+    /// Parameter `p`'s gradient to accumulate into, inside its unit's backward.
+    view<value_type> gradient(parameter_handle p) {
+        check(p, "gradient");
+        const std::size_t k = params_.unit_of(p.id());
+        if (units_[k].active != phase::backward) {
+            fail("gradient", "gradient of '" + params_.name(p.id()) +
+                                 "' asked for outside its "
+                                 "unit's backward (unit " +
+                                 std::to_string(k) + ")");
+        }
+        return params_.template gradient<value_type>(p.id());
+    }
+
+    // ------------------------------------------------------------------ step
+
+    /// Ends the iteration (see the file comment): reductions completed and checked,
+    /// the optimizer step taken (or skipped on inf/nan, on every rank), the
+    /// gradients zeroed for the next iteration. Collective.
+    step_result step() {
+        require_started("step");
+        for (std::size_t k = 0; k < units_.size(); ++k) {
+            if (units_[k].active != phase::none) {
+                fail("step", "unit " + std::to_string(k) + " is still inside its " +
+                                 (units_[k].active == phase::forward ? "forward" : "backward") +
+                                 " (after_forward/after_backward, or the scope's end, missing)");
+            }
+        }
+        // Units that took no part in backward contribute zero, in unit order.
+        for (std::size_t k = 0; k < units_.size(); ++k) {
+            if (!units_[k].reduced) {
+                params_.reduce_gradients(k);
+            }
+        }
+        release_all(); // prefetched but never used, or kept from forward
+        const step_result r = optimizer_->step();
+        params_.zero_grad();
+        for (unit_state& s : units_) {
+            s.uses = 0;
+            s.backwards = 0;
+            s.reduced = false;
+        }
+        observed_ = true;
+        cursor_[0] = cursor_[1] = 0;
+        return r;
+    }
+
+    // ---------------------------------------------------------------- queries
+
+    /// The optimizer's hyperparameters; change them between steps (schedules).
+    optimizer_type& hyperparameters() noexcept {
+        return optimizer_ ? optimizer_->hyperparameters() : options_.optimizer;
+    }
+    /// Multiply the loss by this before backward (1 without loss scaling).
+    double loss_scale() const noexcept { return optimizer_ ? optimizer_->loss_scale() : 1.0; }
+    /// Steps taken (skipped steps do not count).
+    std::uint64_t steps() const noexcept { return optimizer_ ? optimizer_->steps() : 0; }
+    /// Resident and transient bytes of parameters, gradients and master weights.
+    memory_report memory() const { return params_.memory(); }
+    /// Bytes of optimizer state on this rank.
+    std::size_t optimizer_state_bytes() const noexcept {
+        return optimizer_ ? optimizer_->state_bytes() : 0;
+    }
+    /// Psi: the number of parameter elements.
+    std::size_t numel() const noexcept { return params_.numel(); }
+    std::size_t unit_count() const noexcept { return units_.size(); }
+    const std::string& name(parameter_handle p) const { return params_.name(p.id()); }
+    /// The units in the order their forward ran in the first step (empty before).
+    const std::vector<std::size_t>& forward_order() const noexcept { return order_[0]; }
+    const options_type& options() const noexcept { return options_; }
+    C& communicator() noexcept { return *comm_; }
+
+    /// The parts, for checkpoints and inspection.
+    params_type& parameters() noexcept { return params_; }
+    optimizer_state_type& optimizer() {
+        require_started("optimizer");
+        return *optimizer_;
+    }
+
+private:
+    enum class phase : std::uint8_t { none, forward, backward };
+
+    struct unit_state {
+        phase active = phase::none;
+        int uses = 0;      ///< forward entries in this step
+        int backwards = 0; ///< backward exits in this step
+        bool reduced = false;
+    };
+
+    /// Leaves a unit that failed to enter (its gather threw) outside again.
+    struct entering {
+        unit_state& s;
+        bool done = false;
+        ~entering() {
+            if (!done) {
+                s.active = phase::none;
+            }
+        }
+    };
+
+    /// Hands a step kernel created by use_device before start() to the optimizer.
+    struct stored_step {
+        std::unique_ptr<detail::device_optimizer_step<optimizer_type,
+                                                      typename optimizer_state_type::compute_type>>
+            step;
+        template <class O, class A>
+        auto optimizer_step() {
+            return std::move(step);
+        }
+    };
+
+    [[noreturn]] void fail(const std::string& operation, const std::string& what) const {
+        throw argument_error(comm_->rank(), "fsdp " + operation, what);
+    }
+    void require_started(const char* what) const {
+        if (!started_) {
+            fail(what, "call start() after adding the units");
+        }
+    }
+    std::size_t check(const unit_handle& u, const char* what) const {
+        if (u.owner_ != this || u.index_ >= units_.size()) {
+            fail(what,
+                 "unit handle " + std::to_string(u.index_) + " does not belong to this engine");
+        }
+        return u.index_;
+    }
+    void check(const parameter_handle& p, const char* what) const {
+        if (p.owner_ != this || p.id_ >= params_.parameter_count()) {
+            fail(what,
+                 "parameter handle " + std::to_string(p.id_) + " does not belong to this engine");
+        }
+    }
+
+    std::size_t enter(const unit_handle& u, const char* what, phase p) {
+        require_started(what);
+        const std::size_t k = check(u, what);
+        unit_state& s = units_[k];
+        if (s.active != phase::none) {
+            fail(what, "unit " + std::to_string(k) + " entered again before leaving its " +
+                           (s.active == phase::forward ? "forward" : "backward"));
+        }
+        if (p == phase::backward && s.reduced) {
+            fail(what, "unit " + std::to_string(k) +
+                           " entered backward after its gradients "
+                           "were reduced in this step (" +
+                           std::to_string(s.uses) + " forward use(s), " +
+                           std::to_string(s.backwards) +
+                           " backward(s)); call step() between iterations");
+        }
+        s.active = p;
+        if (!observed_) {
+            order_[p == phase::forward ? 0 : 1].push_back(k);
+        }
+        return k;
+    }
+    std::size_t leave(const unit_handle& u, const char* what, phase p) {
+        require_started(what);
+        const std::size_t k = check(u, what);
+        unit_state& s = units_[k];
+        if (s.active != p) {
+            fail(what, "unit " + std::to_string(k) + " is not inside its " +
+                           (p == phase::forward ? "forward" : "backward"));
+        }
+        s.active = phase::none;
+        return k;
+    }
+    /// Leaves a scope during stack unwinding: memory only, no collective.
+    void abandon(const unit_handle& u) noexcept {
+        try {
+            const std::size_t k = u.index_;
+            units_[k].active = phase::none;
+            release(k, pass::backward);
+        } catch (...) { // already unwinding: the first error is the one to report
+        }
+    }
+
+    /// Starts gathering the units after `k` in this pass's order: the order observed
+    /// in the first step, or registration order (reversed in backward) before it.
+    void prefetch_after(std::size_t k, phase p) {
+        if constexpr (strategy::params_sharded) {
+            const auto depth = static_cast<std::size_t>(options_.prefetch);
+            if (depth == 0) {
+                return;
+            }
+            const bool fwd = p == phase::forward;
+            if (!observed_) {
+                for (std::size_t d = 1; d <= depth; ++d) {
+                    if (fwd ? k + d >= units_.size() : k < d) {
+                        break;
+                    }
+                    params_.prefetch(fwd ? k + d : k - d);
+                }
+                return;
+            }
+            const std::vector<std::size_t>& seq = order_[fwd ? 0 : 1];
+            std::size_t& at = cursor_[fwd ? 0 : 1];
+            if (at >= seq.size() || seq[at] != k) {
+                // Off the observed order: a new pass starting over, or no prediction.
+                at = !seq.empty() && seq[0] == k ? 0 : std::numeric_limits<std::size_t>::max();
+            }
+            if (at == std::numeric_limits<std::size_t>::max()) {
+                return;
+            }
+            for (std::size_t d = 1; d <= depth && at + d < seq.size(); ++d) {
+                params_.prefetch(seq[at + d]);
+            }
+            ++at;
+        } else {
+            (void)k;
+            (void)p;
+        }
+    }
+
+    /// Calls unit k's binders with its parameters (and gradients in backward).
+    void bind(std::size_t k, bool with_gradients) {
+        const auto [first, last] = params_.parameters_of(k);
+        for (std::size_t id = first; id < last; ++id) {
+            if (!binders_[id]) {
+                continue;
+            }
+            const view<value_type> v = params_.template parameter<value_type>(id);
+            const view<value_type> g = with_gradients ? params_.template gradient<value_type>(id)
+                                                      : view<value_type>{nullptr, 0, v.location};
+            binders_[id](v, g);
+        }
+    }
+
+    /// Releases unit k (see sharded_parameters::release) and unbinds what was freed.
+    void release(std::size_t k, pass p) {
+        if constexpr (strategy::params_sharded) {
+            const bool was = params_.gathered(k);
+            params_.release(k, p);
+            if (was && !params_.gathered(k)) {
+                const auto [first, last] = params_.parameters_of(k);
+                for (std::size_t id = first; id < last; ++id) {
+                    if (binders_[id]) {
+                        binders_[id](view<value_type>{}, view<value_type>{});
+                    }
+                }
+            }
+        } else {
+            (void)k;
+            (void)p;
+        }
+    }
+
+    C* comm_;
+    options_type options_;
+    params_type params_;
+    std::optional<optimizer_state_type> optimizer_;
+    std::unique_ptr<
+        detail::device_optimizer_step<optimizer_type, typename optimizer_state_type::compute_type>>
+        device_step_;
+    std::vector<binder> binders_;       // by parameter id
+    std::vector<unit_state> units_;     // by unit index
+    std::vector<unsigned char> decay_;  // by parameter id, until start()
+    std::vector<std::size_t> order_[2]; // forward, backward order of the first step
+    std::size_t cursor_[2] = {0, 0};
+    bool observed_ = false;
+    bool started_ = false;
+};
+
+} // namespace unison

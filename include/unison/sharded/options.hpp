@@ -1,0 +1,65 @@
+#pragma once
+
+/// \file
+/// The numbers of sharding, given at construction:
+///
+///     unison::fsdp<Comm> engine(comm, {.optimizer = {.lr = 3e-4}, .max_grad_norm = 1.0,
+///                                      .prefetch = 2});
+
+#include <cstdint>
+#include <optional>
+
+namespace unison {
+
+/// The numbers of `sharded_parameters`.
+struct shard_options {
+    /// At most this many units gathered (or being gathered) at once; 0 means no
+    /// limit. Prefetching stops at the limit; a gather past it is an error naming the
+    /// units still gathered (like FSDP's limit_all_gathers and DeepSpeed's max live
+    /// parameters).
+    int max_live_units = 0;
+    /// shard::hybrid: ranks r, r+1, ..., r+G-1 shard among themselves and the groups
+    /// replicate; G must divide the number of ranks. Ignored by the other strategies.
+    int shard_group_size = 0;
+};
+
+/// Checks done by every optimizer step.
+struct step_options {
+    /// Clip the global gradient norm to this (PyTorch's clip_grad_norm_); 0 = off.
+    double max_grad_norm = 0.0;
+    /// Skip the step on every rank when any gradient element is inf or nan. Costs
+    /// one small all-reduce per step (shared with clipping and loss scaling).
+    bool skip_nonfinite = true;
+};
+
+/// Dynamic loss scaling (for fp16 training), with PyTorch's GradScaler's rules.
+struct dynamic_loss_scale {
+    double initial_scale = 65536.0;
+    double growth_factor = 2.0;
+    double backoff_factor = 0.5;
+    std::uint64_t growth_interval = 2000;
+};
+
+/// The numbers of the sharding engine `fsdp` with optimizer `O`.
+template <class O>
+struct fsdp_options {
+    /// The optimizer's hyperparameters (`{.lr = 3e-4, .weight_decay = 0.1}`); change
+    /// them between steps through `fsdp::hyperparameters()`.
+    O optimizer{};
+    /// Clip the global gradient norm to this; 0 = off.
+    double max_grad_norm = 0.0;
+    /// Skip the step on every rank when any gradient element is inf or nan.
+    bool skip_nonfinite = true;
+    /// Dynamic loss scaling (fp16): multiply the loss by `fsdp::loss_scale()`.
+    std::optional<dynamic_loss_scale> loss_scaling{};
+    /// How many units ahead, in the order they ran in the first step, a unit's
+    /// gather also starts gathering (forward order in forward, backward order in
+    /// backward). 0 turns prefetching off.
+    int prefetch = 1;
+    /// As shard_options::max_live_units.
+    int max_live_units = 0;
+    /// As shard_options::shard_group_size (shard::hybrid).
+    int shard_group_size = 0;
+};
+
+} // namespace unison
