@@ -356,6 +356,41 @@ public:
         }
     }
 
+    /// Copies parameter `p`'s full values into `out` (any writable floating-point host
+    /// tensor of its size, converted to its dtype): to save, evaluate or hand the
+    /// trained weights back to the framework. Collective when parameters are sharded
+    /// and its unit is not gathered (every rank copies the same parameters in the
+    /// same order).
+    template <writable_tensor T>
+    void copy_full(parameter_handle p, T&& out) {
+        require_started("copy_full");
+        check(p, "copy_full");
+        const buffer b = as_buffer(out);
+        const std::size_t n = params_.numel(p.id());
+        if (b.count != n || !is_floating(b.type) || !b.location.is_host()) {
+            fail("copy_full", "parameter '" + params_.name(p.id()) + "' has " + std::to_string(n) +
+                                  " elements; the destination holds " + std::to_string(b.count) +
+                                  " " + std::string(to_string(b.type)) + " on " +
+                                  to_string(b.location) + " (host floating point expected)");
+        }
+        const std::size_t k = params_.unit_of(p.id());
+        const bool gathered = params_.gathered(k);
+        if (!gathered) {
+            params_.gather(k, pass::backward);
+        }
+        const view<value_type> v = params_.template parameter<value_type>(p.id());
+        if (params_.placement().on_device()) {
+            std::vector<value_type> staging(n);
+            params_.placement().copy_to_host(staging.data(), v.data, n * sizeof(value_type));
+            detail::convert_scale(b.data, b.type, staging.data(), params_type::param_dtype, n);
+        } else {
+            detail::convert_scale(b.data, b.type, v.data, params_type::param_dtype, n);
+        }
+        if (!gathered) {
+            release(k, pass::backward);
+        }
+    }
+
     /// Parameter `p`'s values: inside its unit's scope, or any time when parameters
     /// are not sharded.
     view<value_type> value(parameter_handle p) {
