@@ -67,10 +67,8 @@ int train(C& comm, const settings& s) {
         std::vector<typename engine_type::parameter> params; // initial values, how nn sees them
         for (nn::parameter<float>* p : model.layer_parameters(k)) {
             params.emplace_back(p->name, p->own_value, [p](view<float> v, view<float> g) {
-                v.data ? p->bind_value({v.data, v.size}) : p->unbind_value();
-                if (g.data) {
-                    p->bind_grad({g.data, g.size});
-                }
+                p->bind_value(v); // nn computes in unison's memory (empty: its own again)
+                p->bind_grad(g);
             });
         }
         units.push_back(engine.add_unit(params));

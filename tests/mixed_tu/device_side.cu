@@ -56,17 +56,24 @@ std::vector<float> get(view<float> from, cudaStream_t s) {
     return out;
 }
 
+/// On the GPU: attaches `comm` to device 0 and makes `compute`, the stream the
+/// training objects compute on; on the host leaves both alone (the stream is null).
+cudaStream_t place_rank(mixed::comm_type& comm, std::optional<cuda::stream>& compute,
+                        bool on_device) {
+    if (on_device) {
+        cuda::attach(comm, 0);
+        compute.emplace();
+    }
+    return compute ? compute->get() : nullptr;
+}
+
 /// A ddp built here, synchronized by host_side.cpp, over `ranks` thread ranks.
 void ddp_case(int ranks, bool on_device) {
     CAPTURE(ranks);
     CAPTURE(on_device);
     thread_world(ranks).run([&](mixed::comm_type& comm) {
         std::optional<cuda::stream> compute;
-        if (on_device) {
-            cuda::attach(comm, 0);
-            compute.emplace();
-        }
-        const cudaStream_t s = compute ? compute->get() : nullptr;
+        const cudaStream_t s = place_rank(comm, compute, on_device);
         std::vector<std::vector<float>> host_p(sizes.size()), host_g(sizes.size());
         std::vector<cuda::device_buffer<float>> dev_p, dev_g;
         mixed::ddp_type dp(comm, {.bucket_bytes = 8192, .first_bucket_bytes = 1024});
@@ -133,11 +140,7 @@ void fsdp_case(int ranks, bool on_device) {
     };
     thread_world(ranks).run([&](mixed::comm_type& comm) {
         std::optional<cuda::stream> compute;
-        if (on_device) {
-            cuda::attach(comm, 0);
-            compute.emplace();
-        }
-        const cudaStream_t s = compute ? compute->get() : nullptr;
+        const cudaStream_t s = place_rank(comm, compute, on_device);
         mixed::fsdp_type engine(comm, {.optimizer = {.lr = lr}});
         if (on_device) {
             cuda::use_device(engine, 0, s);

@@ -1,38 +1,23 @@
 // The README's sharding program, extracted from README.md at configure time (the
-// block after `<!-- test: readme_fsdp -->`, main renamed `void readme_main`): it must
-// compile as written, run, and train exactly like one process on the whole batch
-// (clipped to the same global norm) -- with no zero_grad in it, since step() zeroes.
-
-#include "readme_fsdp.cpp"
-
-#include "reference.hpp"
+// block after `<!-- test: readme_fsdp -->`, main renamed `void readme_main`): it
+// must compile as written, run, and train exactly like one process on the whole
+// batch (clipped to the same global norm) -- with no zero_grad in it, since step()
+// zeroes.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include <string>
+#include "readme_fsdp.cpp"
+
+#include "reference.hpp"
 
 TEST_CASE("README: the sharding program runs as written") {
     readme_main(); // throws on any error
 }
 
 TEST_CASE("README: the sharding loop trains like one process on the whole batch, at 1-4 ranks") {
-    const auto data = readme_test::data();
-    nn::mlp<float> reference(readme_test::widths, 7);
-    readme_test::train_reference(reference, data, 1.0);
-    for (int ranks = 1; ranks <= 4; ++ranks) {
-        CAPTURE(ranks);
-        unison::thread_world(ranks).run([&](unison::thread_communicator& comm) {
-            nn::mlp<float> model(readme_test::widths, 7);
-            train(comm, model, data, readme_test::batch, readme_test::steps);
-            const auto got = model.parameters();
-            const auto want = reference.parameters();
-            for (std::size_t p = 0; p < got.size(); ++p) {
-                const double err =
-                    readme_test::relative_error(got[p]->own_value, want[p]->own_value);
-                CHECK_MESSAGE(err <= 1e-5, "rank " << comm.rank() << " " << got[p]->name
-                                                   << " relative error " << err);
-            }
-        });
-    }
+    readme_test::check_against_reference([](auto& comm, auto& model, const auto& data,
+                                            std::size_t batch,
+                                            int steps) { train(comm, model, data, batch, steps); },
+                                         1.0, false);
 }

@@ -4,11 +4,16 @@
 // each whole global batch (AdamW, optionally clipped to a global gradient norm), and
 // the relative error of a parameter against it.
 
+#include <unison/thread.hpp>
+
 #include <nn/nn.hpp>
+
+#include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace readme_test {
@@ -58,6 +63,32 @@ inline double relative_error(const std::vector<float>& a, const std::vector<floa
         scale = std::max(scale, std::abs(static_cast<double>(b[i])));
     }
     return a.size() != b.size() ? 1.0 : diff / scale;
+}
+
+/// Runs `train(comm, model, data, batch, steps)` (the README's function) at 1 to 4
+/// thread ranks and checks every rank's trained parameters against the reference.
+/// With `ranks_start_apart`, rank r's model starts from seed 7 + r (the loop must
+/// make them equal first).
+template <class Train>
+void check_against_reference(Train train, double max_grad_norm, bool ranks_start_apart) {
+    const auto d = data();
+    nn::mlp<float> reference(widths, 7);
+    train_reference(reference, d, max_grad_norm);
+    for (int ranks = 1; ranks <= 4; ++ranks) {
+        CAPTURE(ranks);
+        unison::thread_world(ranks).run([&](unison::thread_communicator& comm) {
+            const auto seed = 7 + (ranks_start_apart ? static_cast<std::uint64_t>(comm.rank()) : 0);
+            nn::mlp<float> model(widths, seed);
+            train(comm, model, d, batch, steps);
+            const auto got = model.parameters();
+            const auto want = reference.parameters();
+            for (std::size_t p = 0; p < got.size(); ++p) {
+                const double err = relative_error(got[p]->own_value, want[p]->own_value);
+                CHECK_MESSAGE(err <= 1e-5, "rank " << comm.rank() << " " << got[p]->name
+                                                   << " relative error " << err);
+            }
+        });
+    }
 }
 
 } // namespace readme_test

@@ -28,14 +28,8 @@ public:
             std::vector<typename Engine::parameter> params;
             for (nn::parameter<T>* p : model.layer_parameters(k)) {
                 params.emplace_back(p->name, p->own_value, [p](view<T> v, view<T> g) {
-                    if (v.data != nullptr) {
-                        p->bind_value(std::span<T>(v.data, v.size));
-                    } else {
-                        p->unbind_value();
-                    }
-                    if (g.data != nullptr) {
-                        p->bind_grad(std::span<T>(g.data, g.size));
-                    }
+                    p->bind_value(v); // empty views: nn's own memory again
+                    p->bind_grad(g);
                 });
             }
             units_.push_back(engine.add_unit(params));

@@ -35,9 +35,13 @@ struct parameter {
 
     std::size_t size() const { return own_value.size(); }
 
-    /// Makes `value` view `storage` (nothing is copied). The storage must outlive the
-    /// binding.
+    /// Makes `value` view `storage` (nothing is copied; empty storage: `own_value`
+    /// again). The storage must outlive the binding.
     void bind_value(std::span<T> storage) {
+        if (storage.empty()) {
+            unbind_value();
+            return;
+        }
         check_size(storage, "bind_value");
         value = storage;
     }
@@ -45,8 +49,13 @@ struct parameter {
     void unbind_value() { value = std::span<T>(own_value); }
 
     /// Makes `grad` view `storage` (whose contents are kept as they are: nothing is
-    /// copied either way). The storage must outlive the binding.
+    /// copied either way; empty storage: `own_grad` again). The storage must outlive
+    /// the binding.
     void bind_grad(std::span<T> storage) {
+        if (storage.empty()) {
+            unbind_grad();
+            return;
+        }
         check_size(storage, "bind_grad");
         grad = storage;
     }

@@ -99,6 +99,9 @@ struct view {
     T* data = nullptr;
     std::size_t size = 0;
     device location = device::host();
+
+    /// The same elements as a span (meaningful to dereference on the host only).
+    operator std::span<T>() const noexcept { return {data, size}; }
 };
 
 /// An untyped, non-owning view: `count` elements of dtype `type` at `data`.

@@ -178,8 +178,8 @@ template <class SP>
 std::vector<checkpoint_piece> owned_pieces(const SP& sp, int w) {
     std::vector<checkpoint_piece> out;
     for (std::size_t k = 0; k < sp.unit_count(); ++k) {
-        const std::size_t shard = sp.padded_numel(k) / static_cast<std::size_t>(sp.shard_size());
-        const std::size_t lo = static_cast<std::size_t>(w) * shard, hi = lo + shard;
+        const element_range owned = sp.owned_range(k, w);
+        const std::size_t lo = owned.begin, hi = owned.end;
         const auto [first, last] = sp.parameters_of(k);
         for (std::size_t id = first; id < last; ++id) {
             const std::size_t off = sp.offset_of(id), end = off + sp.numel(id);

@@ -517,9 +517,14 @@ public:
     /// This rank's shard of a unit: disjoint across the shard group and covering the
     /// unit (gradient norms and checkpoints count each element once through it).
     element_range owned_range(std::size_t unit_index) const {
+        return owned_range(unit_index, shard_rank());
+    }
+    /// The shard of a unit that rank `r` of the shard group owns (the layout is the
+    /// same on every rank, so any rank can tell what another holds).
+    element_range owned_range(std::size_t unit_index, int r) const {
         const unit& u = unit_at(unit_index, "owned_range");
-        const auto r = static_cast<std::size_t>(shard_rank());
-        return {r * u.mem.shard, (r + 1) * u.mem.shard};
+        const auto at = static_cast<std::size_t>(r);
+        return {at * u.mem.shard, (at + 1) * u.mem.shard};
     }
     /// The elements the optimizer updates on this rank: the owned shard when the
     /// optimizer state is sharded, the whole unit otherwise.

@@ -62,6 +62,29 @@ inline flat_buffer zeroed_buffer(std::size_t bytes, const placement& p) {
     return b;
 }
 
+/// Allocates, zeroed, what a strategy keeps resident for a unit: the full
+/// parameters or this rank's shard of them, the full gradients or the shard (the
+/// full gradient then exists only while backward writes it), and master weights
+/// for the update range (the whole unit, or the shard).
+inline void allocate_resident(const unit_context& c, bool params_sharded, bool grads_sharded,
+                              bool state_sharded) {
+    const std::size_t p = size_of(c.types.param);
+    if (params_sharded) {
+        c.u.shard_param = zeroed_buffer(c.u.shard * p, c.place);
+    } else {
+        c.u.full_param = zeroed_buffer(c.u.padded * p, c.place);
+    }
+    if (c.types.has_master) {
+        c.u.master = zeroed_buffer(
+            (state_sharded ? c.u.shard : c.u.padded) * size_of(c.types.master), c.place);
+    }
+    if (grads_sharded) {
+        c.u.shard_grad = zeroed_buffer(c.u.shard * p, c.place);
+    } else {
+        c.u.full_grad = zeroed_buffer(c.u.padded * p, c.place);
+    }
+}
+
 /// The primary template: a type that is not a sharding strategy.
 template <class Strategy>
 struct sharding {
@@ -83,12 +106,7 @@ struct replicate_everything {
     static constexpr std::string_view layout_name = "zero0";
 
     static void allocate(const unit_context& c) {
-        const std::size_t p = size_of(c.types.param);
-        c.u.full_param = zeroed_buffer(c.u.padded * p, c.place);
-        if (c.types.has_master) {
-            c.u.master = zeroed_buffer(c.u.padded * size_of(c.types.master), c.place);
-        }
-        c.u.full_grad = zeroed_buffer(c.u.padded * p, c.place);
+        allocate_resident(c, params_sharded, grads_sharded, state_sharded);
     }
     /// Launches the reduction of `whole`, the unit's full gradient in the reduce dtype.
     template <class C>
@@ -122,12 +140,7 @@ struct shard_optimizer_state {
     static constexpr std::string_view layout_name = "zero1";
 
     static void allocate(const unit_context& c) {
-        const std::size_t p = size_of(c.types.param);
-        c.u.full_param = zeroed_buffer(c.u.padded * p, c.place);
-        if (c.types.has_master) {
-            c.u.master = zeroed_buffer(c.u.shard * size_of(c.types.master), c.place);
-        }
-        c.u.full_grad = zeroed_buffer(c.u.padded * p, c.place);
+        allocate_resident(c, params_sharded, grads_sharded, state_sharded);
     }
     template <class C>
     static typename C::request_type reduce(C& shard_comm, const unit_context& c, void* whole) {
@@ -193,12 +206,7 @@ struct shard_gradients : reduce_into_shard {
     static constexpr std::string_view layout_name = "zero2";
 
     static void allocate(const unit_context& c) {
-        const std::size_t p = size_of(c.types.param);
-        c.u.full_param = zeroed_buffer(c.u.padded * p, c.place);
-        if (c.types.has_master) {
-            c.u.master = zeroed_buffer(c.u.shard * size_of(c.types.master), c.place);
-        }
-        c.u.shard_grad = zeroed_buffer(c.u.shard * p, c.place);
+        allocate_resident(c, params_sharded, grads_sharded, state_sharded);
     }
 };
 
@@ -215,12 +223,7 @@ struct shard_parameters : reduce_into_shard {
     static constexpr std::string_view layout_name = Hybrid ? "fsdp_hybrid" : "zero3";
 
     static void allocate(const unit_context& c) {
-        const std::size_t p = size_of(c.types.param);
-        c.u.shard_param = zeroed_buffer(c.u.shard * p, c.place);
-        if (c.types.has_master) {
-            c.u.master = zeroed_buffer(c.u.shard * size_of(c.types.master), c.place);
-        }
-        c.u.shard_grad = zeroed_buffer(c.u.shard * p, c.place);
+        allocate_resident(c, params_sharded, grads_sharded, state_sharded);
     }
 };
 
