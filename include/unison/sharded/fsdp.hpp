@@ -279,12 +279,11 @@ public:
             }
         }
         started_ = true;
-        if constexpr (strategy::params_sharded) {
-            return;
-        }
-        // Resident parameters: bound once, for forward and evaluation alike.
-        for (std::size_t k = 0; k < units_.size(); ++k) {
-            bind(k, false);
+        if constexpr (!strategy::params_sharded) {
+            // Resident parameters: bound once, for forward and evaluation alike.
+            for (std::size_t k = 0; k < units_.size(); ++k) {
+                bind(k, false);
+            }
         }
     }
 

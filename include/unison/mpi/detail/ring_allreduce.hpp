@@ -1,0 +1,192 @@
+#pragma once
+
+/// \file
+/// The MPI backend's all-reduce for large messages (mpi_communicator.hpp says why): a
+/// ring of non-blocking sends and receives, cut into segments, that the operation
+/// owning it drives step by step by polling.
+
+#include "unison/comm/collective.hpp"
+#include "unison/comm/detail/validate.hpp"
+#include "unison/core/detail/host_reduce.hpp"
+#include "unison/core/dtype.hpp"
+#include "unison/core/reduce_op.hpp"
+#include "unison/mpi/detail/mpi_check.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace unison::detail {
+
+/// All-reduces of at least this many bytes use the ring (measured crossover on
+/// Open MPI 4.1 over shared memory; see docs/performance.md).
+inline constexpr std::size_t mpi_ring_min_bytes = 64 * 1024;
+/// Tags at or above max_user_tag are reserved; the ring uses one per collective.
+inline constexpr int mpi_ring_tag_base = max_user_tag + 1;
+inline constexpr int mpi_ring_tags = 2048;
+/// Ring messages are cut into segments of this size so that reducing one overlaps
+/// receiving the next.
+inline constexpr std::size_t mpi_ring_segment_bytes = 256 * 1024;
+
+/// One all-reduce as a ring: the schedule of its steps and the requests of the
+/// current one. The call and the label belong to the operation that owns the ring.
+class mpi_ring_allreduce {
+public:
+    /// The all-reduce `call`, the `sequence`-th collective of rank `rank` of the
+    /// `size` ranks of `comm`; errors name `label`.
+    mpi_ring_allreduce(MPI_Comm comm, int rank, int size, const collective_call& call,
+                       const std::string& label, std::uint64_t sequence)
+        : comm_(comm), rank_(rank), size_(size), call_(call), label_(label), sequence_(sequence) {}
+    mpi_ring_allreduce(const mpi_ring_allreduce&) = delete;
+    mpi_ring_allreduce& operator=(const mpi_ring_allreduce&) = delete;
+
+    /// Bytes of scratch the ring needs: one chunk, the largest.
+    std::size_t scratch_bytes() const noexcept { return chunk_len(0) * size_of(call_.type); }
+
+    /// Posts the first step; `scratch` holds scratch_bytes() until the ring is done.
+    void start(std::byte* scratch) {
+        scratch_ = scratch;
+        tag_ = mpi_ring_tag_base + static_cast<int>(sequence_ % mpi_ring_tags);
+        step_ = 0;
+        post_step();
+    }
+
+    /// Drives the ring: reduces arrived segments in order, moves to the next step once
+    /// this one's sends and receives are done; true when the last step is.
+    bool progress() {
+        const int n = size_;
+        const std::size_t es = size_of(call_.type);
+        const std::size_t segment = std::max<std::size_t>(1, mpi_ring_segment_bytes / es);
+        for (;;) {
+            const bool scatter = step_ < n - 1;
+            while (reduced_ < recv_segments_) {
+                int flag = 0;
+                UNISON_CHECK_MPI(MPI_Test(&requests_[static_cast<std::size_t>(reduced_)], &flag,
+                                          MPI_STATUS_IGNORE),
+                                 rank_, label_);
+                if (flag == 0) {
+                    return false;
+                }
+                if (scatter) { // fold the arrived partial sum into my input's chunk
+                    const std::size_t lo = static_cast<std::size_t>(reduced_) * segment;
+                    const std::size_t len = std::min(segment, chunk_len(recv_chunk_) - lo);
+                    const void* inputs[2] = {in_at(recv_chunk_) + lo * es, scratch_ + lo * es};
+                    void* outputs[1] = {out_at(recv_chunk_) + lo * es};
+                    const bool last = step_ == n - 2;
+                    host_reduce(call_.type, call_.reduction, inputs, 2, outputs, 1, len,
+                                last && call_.reduction == reduce_op::avg ? n : 1);
+                }
+                ++reduced_;
+            }
+            int flag = 0;
+            UNISON_CHECK_MPI(MPI_Testall(static_cast<int>(requests_.size()) - recv_segments_,
+                                         requests_.data() + recv_segments_, &flag,
+                                         MPI_STATUSES_IGNORE),
+                             rank_, label_);
+            if (flag == 0) {
+                return false;
+            }
+            if (++step_ == steps()) {
+                return true;
+            }
+            post_step();
+        }
+    }
+
+private:
+    // Reduce-scatter then all-gather around the ring rank -> rank+1. After step s of
+    // the reduce-scatter, chunk (rank - s - 2) holds the partial sum of s + 2 ranks;
+    // after the last step, this rank owns the complete chunk `rank`.
+
+    int steps() const noexcept { return 2 * (size_ - 1); }
+
+    std::size_t chunk_lo(int i) const noexcept {
+        const std::size_t n = static_cast<std::size_t>(size_);
+        const std::size_t base = call_.count / n, rem = call_.count % n;
+        const auto u = static_cast<std::size_t>(i);
+        return u * base + std::min(u, rem);
+    }
+    std::size_t chunk_len(int i) const noexcept { return chunk_lo(i + 1) - chunk_lo(i); }
+    int chunk(int offset) const noexcept {
+        const int n = size_;
+        return ((rank_ + offset) % n + n) % n;
+    }
+    std::byte* out_at(int i) const noexcept {
+        return static_cast<std::byte*>(call_.recv) + chunk_lo(i) * size_of(call_.type);
+    }
+    const std::byte* in_at(int i) const noexcept {
+        return static_cast<const std::byte*>(call_.send) + chunk_lo(i) * size_of(call_.type);
+    }
+
+    /// Posts step `step_`: the chunk to send and the chunk to receive, each cut
+    /// into segments, so that a reduce-scatter step reduces the segments that have
+    /// arrived while the later ones are still in flight.
+    void post_step() {
+        const int n = size_;
+        const int next = (rank_ + 1) % n, prev = (rank_ + n - 1) % n;
+        const MPI_Datatype t = mpi_datatype(call_.type);
+        const std::size_t es = size_of(call_.type);
+        const int s = step_;
+        const std::byte* send_from = nullptr;
+        std::byte* recv_into = nullptr;
+        if (s < n - 1) { // reduce-scatter
+            send_chunk_ = chunk(-s - 1);
+            recv_chunk_ = chunk(-s - 2);
+            send_from = s == 0 ? in_at(send_chunk_) : out_at(send_chunk_);
+            recv_into = scratch_;
+        } else { // all-gather
+            const int g = s - (n - 1);
+            send_chunk_ = chunk(-g);
+            recv_chunk_ = chunk(-g - 1);
+            send_from = out_at(send_chunk_);
+            recv_into = out_at(recv_chunk_);
+        }
+        const std::size_t segment = std::max<std::size_t>(1, mpi_ring_segment_bytes / es);
+        const std::size_t recv_len = chunk_len(recv_chunk_), send_len = chunk_len(send_chunk_);
+        recv_segments_ = static_cast<int>((recv_len + segment - 1) / segment);
+        const int send_segments = static_cast<int>((send_len + segment - 1) / segment);
+        requests_.assign(static_cast<std::size_t>(recv_segments_ + send_segments),
+                         MPI_REQUEST_NULL);
+        reduced_ = 0;
+        // A segment is at most mpi_ring_segment_bytes, so its count fits an int.
+        for (int k = 0; k < recv_segments_; ++k) {
+            const std::size_t lo = static_cast<std::size_t>(k) * segment;
+            check(MPI_Irecv(recv_into + lo * es, static_cast<int>(std::min(segment, recv_len - lo)),
+                            t, prev, tag_, comm_, &requests_[static_cast<std::size_t>(k)]),
+                  "MPI_Irecv (ring)");
+        }
+        for (int k = 0; k < send_segments; ++k) {
+            const std::size_t lo = static_cast<std::size_t>(k) * segment;
+            check(MPI_Isend(send_from + lo * es, static_cast<int>(std::min(segment, send_len - lo)),
+                            t, next, tag_, comm_,
+                            &requests_[static_cast<std::size_t>(recv_segments_ + k)]),
+                  "MPI_Isend (ring)");
+        }
+    }
+
+    void check(int rc, const char* what) const {
+        if (rc != MPI_SUCCESS) {
+            throw_mpi_error(rc, rank_, label_, what);
+        }
+    }
+
+    MPI_Comm comm_;
+    int rank_;
+    int size_;
+    const collective_call& call_;
+    const std::string& label_;
+    std::uint64_t sequence_;
+    std::byte* scratch_ = nullptr; ///< one chunk: the partial sum arriving in a reduce-scatter step
+    int step_ = 0;
+    int tag_ = 0;
+    int send_chunk_ = 0, recv_chunk_ = 0;
+    int recv_segments_ = 0; ///< receive requests of this step (first in requests_)
+    int reduced_ = 0;       ///< receive segments of this step already folded in
+    std::vector<MPI_Request> requests_;
+};
+
+} // namespace unison::detail
