@@ -1,10 +1,13 @@
 #pragma once
 
-// Every collective, written once against the communicator concept and run by each
-// backend's test file (tests/thread/, tests/mpi/). Each case fills the ranks'
-// inputs with deterministic random data, runs the collective, and compares every
-// element with a serial double-precision reference.
+// Every collective, written once against the communicator concept and a memory
+// space, and run on every backend by the suite of tests/suites/collectives.hpp.
+// Each case computes the ranks' inputs on the host from deterministic random data,
+// puts them in the space (host memory, or the communicator's GPU), runs the
+// collective, reads the results back through the space and compares every element
+// with a serial double-precision reference.
 
+#include "../support/memory_space.hpp"
 #include "../support/reference.hpp"
 
 #include <unison/comm.hpp>
@@ -15,6 +18,7 @@
 #include <numeric>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace unison::test {
@@ -24,6 +28,13 @@ inline constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::prod, reduce_
 
 inline bool op_applies(dtype t, reduce_op op) {
     return op != reduce_op::avg || is_floating(t);
+}
+
+/// `count` elements of `t` holding `rank`'s inputs (see fill).
+inline host_buffer filled(dtype t, std::size_t count, reduce_op op, std::uint64_t seed, int rank) {
+    host_buffer b(t, count);
+    fill(b, op, seed, rank);
+    return b;
 }
 
 /// Records the first failure of a case; checked once per case.
@@ -48,7 +59,8 @@ struct outcome {
     CHECK_MESSAGE((o).first.empty(), "rank " << (comm).rank() << " of " << (comm).size() << ": "   \
                                              << (name) << ": " << (o).first)
 
-template <communicator C>
+template <class Space, communicator C>
+requires memory_space<Space, C>
 void all_reduce_cases(C& comm, std::uint64_t seed = 1) {
     const int n = comm.size();
     for (dtype t : all_dtypes) {
@@ -62,23 +74,26 @@ void all_reduce_cases(C& comm, std::uint64_t seed = 1) {
                 }
                 for (bool in_place : {false, true}) {
                     ++seed;
-                    host_buffer in(t, count), out(t, count);
-                    fill(in, op, seed, comm.rank());
+                    auto in = Space::make(comm, filled(t, count, op, seed, comm.rank()));
+                    // out of place, the output starts as garbage that must be overwritten
+                    auto out =
+                        Space::make(comm, in_place ? host_buffer(t, count)
+                                                   : filled(t, count, op, seed + 7, comm.rank()));
                     if (in_place) {
                         all_reduce(comm, in.view(), op);
                     } else {
-                        fill(out, op, seed + 7, comm.rank()); // garbage that must be overwritten
                         all_reduce(comm, in.view(), out.view(), op);
                     }
-                    const host_buffer& result = in_place ? in : out;
+                    const host_buffer& result = Space::read(comm, in_place ? in : out);
                     outcome o;
                     std::string why;
                     for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
                         o.expect(same(t, result[i], reference(t, op, seed, n, i), n, &why, i), why);
                     }
                     if (!in_place) { // the input is untouched
+                        const host_buffer& input = Space::read(comm, in);
                         for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
-                            o.expect(in[i] == input_value(t, op, seed, comm.rank(), i),
+                            o.expect(input[i] == input_value(t, op, seed, comm.rank(), i),
                                      "input modified at " + std::to_string(i));
                         }
                     }
@@ -89,7 +104,8 @@ void all_reduce_cases(C& comm, std::uint64_t seed = 1) {
     }
 }
 
-template <communicator C>
+template <class Space, communicator C>
+requires memory_space<Space, C>
 void reduce_scatter_cases(C& comm, std::uint64_t seed = 1000) {
     const int n = comm.size();
     const auto me = static_cast<std::size_t>(comm.rank());
@@ -103,17 +119,18 @@ void reduce_scatter_cases(C& comm, std::uint64_t seed = 1000) {
                 for (bool in_place : {false, true}) {
                     ++seed;
                     const std::size_t total = count * static_cast<std::size_t>(n);
-                    host_buffer in(t, total), out(t, count);
-                    fill(in, op, seed, comm.rank());
+                    auto in = Space::make(comm, filled(t, total, op, seed, comm.rank()));
+                    auto out = Space::make(comm, host_buffer(t, count));
                     if (in_place) {
                         reduce_scatter(comm, in.view(), op);
                     } else {
                         reduce_scatter(comm, in.view(), out.view(), op);
                     }
+                    const host_buffer& result = Space::read(comm, in_place ? in : out);
                     outcome o;
                     std::string why;
                     for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
-                        const double got = in_place ? in[me * count + i] : out[i];
+                        const double got = in_place ? result[me * count + i] : result[i];
                         o.expect(
                             same(t, got, reference(t, op, seed, n, me * count + i), n, &why, i),
                             why);
@@ -125,7 +142,8 @@ void reduce_scatter_cases(C& comm, std::uint64_t seed = 1000) {
     }
 }
 
-template <communicator C>
+template <class Space, communicator C>
+requires memory_space<Space, C>
 void all_gather_cases(C& comm, std::uint64_t seed = 2000) {
     const int n = comm.size();
     const auto me = static_cast<std::size_t>(comm.rank());
@@ -134,21 +152,26 @@ void all_gather_cases(C& comm, std::uint64_t seed = 2000) {
             for (bool in_place : {false, true}) {
                 ++seed;
                 const std::size_t total = count * static_cast<std::size_t>(n);
-                host_buffer in(t, count), out(t, total);
-                fill(in, reduce_op::sum, seed, comm.rank());
+                host_buffer mine = filled(t, count, reduce_op::sum, seed, comm.rank());
+                host_buffer all(t, total);
                 if (in_place) {
                     for (std::size_t i = 0; i < count; ++i) {
-                        out.set(me * count + i, in[i]);
+                        all.set(me * count + i, mine[i]);
                     }
+                }
+                auto in = Space::make(comm, std::move(mine));
+                auto out = Space::make(comm, std::move(all));
+                if (in_place) {
                     all_gather(comm, out.view());
                 } else {
                     all_gather(comm, in.view(), out.view());
                 }
+                const host_buffer& result = Space::read(comm, out);
                 outcome o;
                 for (int r = 0; r < n && o.first.empty(); ++r) {
                     for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
                         const double want = input_value(t, reduce_op::sum, seed, r, i);
-                        o.expect(out[static_cast<std::size_t>(r) * count + i] == want,
+                        o.expect(result[static_cast<std::size_t>(r) * count + i] == want,
                                  "block " + std::to_string(r) + " element " + std::to_string(i));
                     }
                 }
@@ -164,15 +187,16 @@ void all_gather_cases(C& comm, std::uint64_t seed = 2000) {
         for (int r = 0; r < n; ++r) {
             counts[static_cast<std::size_t>(r)] = 3u * static_cast<std::size_t>(r) * 101u + 1u;
         }
-        host_buffer in(t, counts[me]);
-        host_buffer out(t, std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
-        fill(in, reduce_op::sum, seed, comm.rank());
+        auto in = Space::make(comm, filled(t, counts[me], reduce_op::sum, seed, comm.rank()));
+        auto out = Space::make(
+            comm, host_buffer(t, std::accumulate(counts.begin(), counts.end(), std::size_t{0})));
         all_gatherv(comm, in.view(), out.view(), counts);
+        const host_buffer& result = Space::read(comm, out);
         outcome o;
         std::size_t offset = 0;
         for (int r = 0; r < n; ++r) {
             for (std::size_t i = 0; i < counts[static_cast<std::size_t>(r)]; ++i) {
-                o.expect(out[offset + i] == input_value(t, reduce_op::sum, seed, r, i),
+                o.expect(result[offset + i] == input_value(t, reduce_op::sum, seed, r, i),
                          "rank " + std::to_string(r) + "'s element " + std::to_string(i));
             }
             offset += counts[static_cast<std::size_t>(r)];
@@ -181,7 +205,8 @@ void all_gather_cases(C& comm, std::uint64_t seed = 2000) {
     }
 }
 
-template <communicator C>
+template <class Space, communicator C>
+requires memory_space<Space, C>
 void broadcast_cases(C& comm, std::uint64_t seed = 3000) {
     const int n = comm.size();
     for (dtype t : all_dtypes) {
@@ -189,14 +214,16 @@ void broadcast_cases(C& comm, std::uint64_t seed = 3000) {
             for (int root = 0; root < n; ++root) {
                 for (bool in_place : {false, true}) {
                     ++seed;
-                    host_buffer in(t, count), out(t, count);
-                    fill(in, reduce_op::sum, seed, comm.rank()); // every rank has different data
+                    // every rank has different data
+                    auto in =
+                        Space::make(comm, filled(t, count, reduce_op::sum, seed, comm.rank()));
+                    auto out = Space::make(comm, host_buffer(t, count));
                     if (in_place) {
                         broadcast(comm, in.view(), root);
                     } else {
                         broadcast(comm, in.view(), out.view(), root);
                     }
-                    const host_buffer& result = in_place ? in : out;
+                    const host_buffer& result = Space::read(comm, in_place ? in : out);
                     outcome o;
                     for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
                         o.expect(result[i] == input_value(t, reduce_op::sum, seed, root, i),
@@ -212,7 +239,8 @@ void broadcast_cases(C& comm, std::uint64_t seed = 3000) {
     }
 }
 
-template <communicator C>
+template <class Space, communicator C>
+requires memory_space<Space, C>
 void reduce_cases(C& comm, std::uint64_t seed = 4000) {
     const int n = comm.size();
     for (dtype t : {dtype::f64, dtype::f32, dtype::bf16, dtype::f16, dtype::i32, dtype::u8}) {
@@ -225,9 +253,8 @@ void reduce_cases(C& comm, std::uint64_t seed = 4000) {
                 for (int root = 0; root < n; ++root) {
                     for (bool in_place : {false, true}) {
                         ++seed;
-                        host_buffer in(t, count), out(t, count);
-                        fill(in, op, seed, comm.rank());
-                        fill(out, op, seed + 5, comm.rank());
+                        auto in = Space::make(comm, filled(t, count, op, seed, comm.rank()));
+                        auto out = Space::make(comm, filled(t, count, op, seed + 5, comm.rank()));
                         if (in_place) {
                             reduce(comm, in.view(), root, op);
                         } else {
@@ -235,14 +262,14 @@ void reduce_cases(C& comm, std::uint64_t seed = 4000) {
                         }
                         outcome o;
                         std::string why;
-                        const host_buffer& result = in_place ? in : out;
+                        const host_buffer& result = Space::read(comm, in_place ? in : out);
                         for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
                             if (comm.rank() == root) {
                                 o.expect(
                                     same(t, result[i], reference(t, op, seed, n, i), n, &why, i),
                                     why);
-                            } else if (!in_place) { // non-root outputs are not written
-                                o.expect(out[i] == input_value(t, op, seed + 5, comm.rank(), i),
+                            } else if (!in_place) { // non-root outputs (result) are not written
+                                o.expect(result[i] == input_value(t, op, seed + 5, comm.rank(), i),
                                          "non-root output written at " + std::to_string(i));
                             }
                         }
@@ -257,7 +284,8 @@ void reduce_cases(C& comm, std::uint64_t seed = 4000) {
     }
 }
 
-template <communicator C>
+template <class Space, communicator C>
+requires memory_space<Space, C>
 void all_to_all_cases(C& comm, std::uint64_t seed = 5000) {
     const int n = comm.size();
     const auto me = static_cast<std::size_t>(comm.rank());
@@ -266,15 +294,16 @@ void all_to_all_cases(C& comm, std::uint64_t seed = 5000) {
              {std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{20011}}) {
             ++seed;
             const std::size_t total = per_peer * static_cast<std::size_t>(n);
-            host_buffer in(t, total), out(t, total);
-            fill(in, reduce_op::sum, seed, comm.rank());
+            auto in = Space::make(comm, filled(t, total, reduce_op::sum, seed, comm.rank()));
+            auto out = Space::make(comm, host_buffer(t, total));
             all_to_all(comm, in.view(), out.view());
+            const host_buffer& result = Space::read(comm, out);
             outcome o;
             for (int q = 0; q < n && o.first.empty(); ++q) {
                 for (std::size_t i = 0; i < per_peer && o.first.empty(); ++i) {
                     // block q of my output is block `me` of rank q's input
                     const double want = input_value(t, reduce_op::sum, seed, q, me * per_peer + i);
-                    o.expect(out[static_cast<std::size_t>(q) * per_peer + i] == want,
+                    o.expect(result[static_cast<std::size_t>(q) * per_peer + i] == want,
                              "block " + std::to_string(q) + " element " + std::to_string(i));
                 }
             }
@@ -285,7 +314,9 @@ void all_to_all_cases(C& comm, std::uint64_t seed = 5000) {
 
 /// Ring exchange with send/recv, blocking and non-blocking: every rank sends to the
 /// next and receives from the previous, posting the send first (a deadlock if sends
-/// waited for their receiver before the receive was posted).
+/// waited for their receiver before the receive was posted). Host memory only: the
+/// thread backend's send and recv take host memory, and NCCL matches sends and
+/// receives by order, not by the tags this case uses.
 template <communicator C>
 void send_recv_cases(C& comm, std::uint64_t seed = 6000) {
     const int n = comm.size();
@@ -322,22 +353,24 @@ void send_recv_cases(C& comm, std::uint64_t seed = 6000) {
 
 /// Many non-blocking collectives in flight at once complete in issue order with
 /// correct results; wait_all waits for all of them.
-template <communicator C>
+template <class Space, communicator C>
+requires memory_space<Space, C>
 void async_cases(C& comm, std::uint64_t seed = 7000) {
     const int n = comm.size();
     constexpr int in_flight = 6;
-    std::vector<host_buffer> bufs;
+    std::vector<typename Space::tensor> bufs;
     std::vector<typename C::request_type> reqs;
     const std::size_t counts[in_flight] = {5, 1031, 70001, 3, 200003, 17};
     for (int k = 0; k < in_flight; ++k) {
-        bufs.emplace_back(dtype::f32, counts[k]);
-        fill(bufs.back(), reduce_op::sum, seed + static_cast<std::uint64_t>(k), comm.rank());
+        bufs.push_back(
+            Space::make(comm, filled(dtype::f32, counts[k], reduce_op::sum,
+                                     seed + static_cast<std::uint64_t>(k), comm.rank())));
     }
     for (int k = 0; k < in_flight; ++k) {
         reqs.push_back(all_reduce_async(comm, bufs[static_cast<std::size_t>(k)].view()));
     }
-    host_buffer gathered(dtype::f32, 4 * static_cast<std::size_t>(n)), mine(dtype::f32, 4);
-    fill(mine, reduce_op::sum, seed + 99, comm.rank());
+    auto gathered = Space::make(comm, host_buffer(dtype::f32, 4 * static_cast<std::size_t>(n)));
+    auto mine = Space::make(comm, filled(dtype::f32, 4, reduce_op::sum, seed + 99, comm.rank()));
     reqs.push_back(all_gather_async(comm, mine.view(), gathered.view()));
     while (!test_all(std::span(reqs))) {
     }
@@ -348,17 +381,19 @@ void async_cases(C& comm, std::uint64_t seed = 7000) {
     outcome o;
     std::string why;
     for (int k = 0; k < in_flight; ++k) {
+        const host_buffer& result = Space::read(comm, bufs[static_cast<std::size_t>(k)]);
         for (std::size_t i = 0; i < counts[k] && o.first.empty(); ++i) {
-            o.expect(same(dtype::f32, bufs[static_cast<std::size_t>(k)][i],
+            o.expect(same(dtype::f32, result[i],
                           reference(dtype::f32, reduce_op::sum,
                                     seed + static_cast<std::uint64_t>(k), n, i),
                           n, &why, i),
                      "request " + std::to_string(k) + ": " + why);
         }
     }
+    const host_buffer& all = Space::read(comm, gathered);
     for (int r = 0; r < n; ++r) {
         for (std::size_t i = 0; i < 4; ++i) {
-            o.expect(gathered[static_cast<std::size_t>(r) * 4 + i] ==
+            o.expect(all[static_cast<std::size_t>(r) * 4 + i] ==
                          input_value(dtype::f32, reduce_op::sum, seed + 99, r, i),
                      "all_gather_async block " + std::to_string(r));
         }
@@ -367,7 +402,8 @@ void async_cases(C& comm, std::uint64_t seed = 7000) {
 }
 
 /// split into even and odd ranks (reversed by key) and reduce within each half.
-template <communicator C>
+template <class Space, communicator C>
+requires memory_space<Space, C>
 void split_cases(C& comm) {
     const int color = comm.rank() % 2;
     C sub = comm.split(color, -comm.rank());
@@ -382,22 +418,30 @@ void split_cases(C& comm) {
         static_cast<int>(std::find(members.begin(), members.end(), comm.rank()) - members.begin());
     CHECK(sub.size() == expect_size);
     CHECK(sub.rank() == expect_rank);
-    std::vector<std::int64_t> x = {comm.rank() + 1, 10 * (comm.rank() + 1)};
-    all_reduce(sub, x);
-    std::int64_t want = 0;
+    host_buffer xs(dtype::i64, 2);
+    xs.set(0, comm.rank() + 1);
+    xs.set(1, 10 * (comm.rank() + 1));
+    auto x = Space::make(sub, std::move(xs));
+    all_reduce(sub, x.view());
+    const host_buffer& got = Space::read(sub, x);
+    double want = 0;
     for (int r : members) {
         want += r + 1;
     }
-    CHECK(x[0] == want);
-    CHECK(x[1] == 10 * want);
+    CHECK(got[0] == want);
+    CHECK(got[1] == 10 * want);
     // the parent still works after the split
-    std::vector<std::int64_t> y = {1};
-    all_reduce(comm, y);
-    CHECK(y[0] == comm.size());
+    host_buffer ys(dtype::i64, 1);
+    ys.set(0, 1);
+    auto y = Space::make(comm, std::move(ys));
+    all_reduce(comm, y.view());
+    CHECK(Space::read(comm, y)[0] == comm.size());
 }
 
 /// Invalid arguments throw argument_error before any data moves and leave the
-/// communicator usable (the next collective still matches across ranks).
+/// communicator usable (the next collective still matches across ranks). Host
+/// memory only: the tensors are host vectors, and one check is that device memory
+/// given to a host communicator is rejected.
 template <communicator C>
 void argument_error_cases(C& comm) {
     const int n = comm.size();

@@ -4,7 +4,8 @@
 // reference of tests/support/reference.hpp; DDP on device against DDP on the host
 // with the same gradients, and both against the double-precision mean.
 
-#include "../support/reference.hpp"
+#include "../collectives/cases.hpp"
+#include "backends.hpp"
 #include "support.cuh"
 
 #include <unison/comm.hpp>
@@ -20,54 +21,13 @@
 #include <string>
 #include <vector>
 
-namespace {
-
 using namespace unison;
 
-/// A device copy of a test host buffer on cuda:0.
-struct device_bytes {
-    explicit device_bytes(const test::host_buffer& h)
-        : type(h.type), n(h.n), bytes(h.bytes.size(), 0) {
-        bytes.copy_from(std::span<const std::uint8_t>(
-            reinterpret_cast<const std::uint8_t*>(h.bytes.data()), h.bytes.size()));
-    }
-    buffer view() { return {bytes.data(), n, type, device::cuda(0)}; }
-    void to_host(test::host_buffer& h) const {
-        bytes.copy_to(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(h.bytes.data()),
-                                              h.bytes.size()));
-    }
-    dtype type;
-    std::size_t n;
-    cuda::device_buffer<std::uint8_t> bytes;
-};
-
-template <class Fn>
-void on_device_worlds(std::initializer_list<int> sizes, Fn fn) {
-    for (int n : sizes) {
-        CAPTURE(n);
-        thread_world(n).run([&](thread_communicator& comm) {
-            cuda::attach(comm, 0);
-            fn(comm);
-        });
-    }
-}
-
-std::string check_all(const test::host_buffer& got, dtype t, reduce_op op, std::uint64_t seed,
-                      int ranks, std::size_t first = 0) {
-    std::string why;
-    for (std::size_t i = 0; i < got.n; ++i) {
-        if (!test::same(t, got[i], test::reference(t, op, seed, ranks, first + i), ranks, &why,
-                        i)) {
-            break;
-        }
-    }
-    return why;
-}
-
-} // namespace
-
-TEST_CASE("thread backend on device: all_reduce, in place and out of place") {
-    on_device_worlds({1, 2, 3, 4, 8}, [](thread_communicator& comm) {
+// The collective suite runs on the thread backend on a GPU at 1 to 4 ranks
+// (collectives.cu); this is a larger world of the reduction kernels.
+TEST_CASE("thread backend on device: all_reduce at 8 ranks, in place and out of place") {
+    thread_world(8).run([](thread_communicator& comm) {
+        cuda::attach(comm, 0);
         const int n = comm.size();
         for (dtype t : {dtype::f32, dtype::bf16, dtype::f16, dtype::f64, dtype::i32}) {
             for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::max, reduce_op::prod}) {
@@ -76,84 +36,28 @@ TEST_CASE("thread backend on device: all_reduce, in place and out of place") {
                 }
                 for (std::size_t count : test::test_counts(t)) {
                     for (bool in_place : {true, false}) {
-                        test::host_buffer in(t, count), out(t, count);
-                        test::fill(in, op, 17, comm.rank());
-                        device_bytes d_in(in), d_out(out);
+                        auto in = test::device_space::make(
+                            comm, test::filled(t, count, op, 17, comm.rank()));
+                        auto out = test::device_space::make(comm, test::host_buffer(t, count));
                         if (in_place) {
-                            all_reduce(comm, d_in.view(), op);
-                            d_in.to_host(out);
+                            all_reduce(comm, in.view(), op);
                         } else {
-                            all_reduce(comm, d_in.view(), d_out.view(), op);
-                            d_out.to_host(out);
+                            all_reduce(comm, in.view(), out.view(), op);
                         }
-                        const std::string why = check_all(out, t, op, 17, n);
+                        const test::host_buffer got =
+                            test::device_space::read(comm, in_place ? in : out);
+                        std::string why;
+                        for (std::size_t i = 0; i < count; ++i) {
+                            if (!test::same(t, got[i], test::reference(t, op, 17, n, i), n, &why,
+                                            i)) {
+                                break;
+                            }
+                        }
                         CHECK_MESSAGE(why.empty(),
                                       test::case_name("all_reduce", t, op, count, in_place)
                                           << ": " << why);
                     }
                 }
-            }
-        }
-    });
-}
-
-TEST_CASE("thread backend on device: reduce_scatter, all_gather in place, broadcast, all_to_all") {
-    on_device_worlds({2, 3, 4}, [](thread_communicator& comm) {
-        const int n = comm.size(), r = comm.rank();
-        const auto un = static_cast<std::size_t>(n);
-        for (dtype t : {dtype::f32, dtype::bf16}) {
-            for (std::size_t count : {std::size_t{1}, std::size_t{1031}, std::size_t{65537}}) {
-                // reduce_scatter: rank r receives block r of the sum.
-                test::host_buffer in(t, count * un), out(t, count);
-                test::fill(in, reduce_op::sum, 5, r);
-                device_bytes d_in(in), d_out(out);
-                reduce_scatter(comm, d_in.view(), d_out.view(), reduce_op::sum);
-                d_out.to_host(out);
-                std::string why = check_all(out, t, reduce_op::sum, 5, n, count * r);
-                CHECK_MESSAGE(why.empty(), "reduce_scatter " << count << ": " << why);
-
-                // all_gather, in place: block q is rank q's input.
-                test::host_buffer all(t, count * un);
-                for (std::size_t i = 0; i < count; ++i) {
-                    all.set(count * r + i, test::input_value(t, reduce_op::sum, 9, r, i));
-                }
-                device_bytes d_all(all);
-                all_gather(comm, d_all.view()); // in place: my block holds my input
-                d_all.to_host(all);
-                bool ok = true;
-                for (int q = 0; q < n && ok; ++q) {
-                    for (std::size_t i = 0; i < count && ok; ++i) {
-                        ok = all[count * q + i] == test::input_value(t, reduce_op::sum, 9, q, i);
-                    }
-                }
-                CHECK_MESSAGE(ok, "all_gather " << count);
-
-                // broadcast from the last rank, out of place.
-                test::host_buffer b(t, count), got(t, count);
-                test::fill(b, reduce_op::sum, 13, n - 1);
-                device_bytes d_b(b), d_got(got);
-                broadcast(comm, d_b.view(), d_got.view(), n - 1);
-                d_got.to_host(got);
-                ok = true;
-                for (std::size_t i = 0; i < count && ok; ++i) {
-                    ok = got[i] == test::input_value(t, reduce_op::sum, 13, n - 1, i);
-                }
-                CHECK_MESSAGE(ok, "broadcast " << count);
-
-                // all_to_all: block q of my output is block r of rank q's input.
-                test::host_buffer a(t, count * un), a_out(t, count * un);
-                test::fill(a, reduce_op::sum, 21, r);
-                device_bytes d_a(a), d_a_out(a_out);
-                all_to_all(comm, d_a.view(), d_a_out.view());
-                d_a_out.to_host(a_out);
-                ok = true;
-                for (int q = 0; q < n && ok; ++q) {
-                    for (std::size_t i = 0; i < count && ok; ++i) {
-                        ok = a_out[count * q + i] ==
-                             test::input_value(t, reduce_op::sum, 21, q, count * r + i);
-                    }
-                }
-                CHECK_MESSAGE(ok, "all_to_all " << count);
             }
         }
     });

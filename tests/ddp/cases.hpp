@@ -1,7 +1,7 @@
 #pragma once
 
-// The bucketed reducer, written once against the communicator concept and run by
-// each backend's test file (tests/thread/ddp.cpp, tests/mpi/ddp.cpp). Gradients
+// The bucketed reducer, written once against the communicator concept and run on
+// every host backend by the DDP suite (tests/suites/ddp.hpp). Gradients
 // hold deterministic random values per (step, rank, gradient, element); after
 // finish() every element is compared with the mean (or sum) over ranks computed
 // here in double precision.

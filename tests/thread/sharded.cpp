@@ -1,26 +1,14 @@
-// The sharded (FSDP / ZeRO) cases of tests/sharded on the thread backend, at 1 to 4 ranks.
+// The sharded (FSDP / ZeRO) suite (tests/suites/sharded.hpp) on the thread backend,
+// at 1 to 4 ranks, and resharding a checkpoint across world sizes, which only the
+// thread backend can do within one run.
 
-#include "../sharded/accounting.hpp"
-#include "../sharded/checkpoint.hpp"
-#include "../sharded/misuse.hpp"
-#include "../sharded/training.hpp"
+#include "../suites/sharded.hpp"
 
-#include "worlds.hpp"
+#include <filesystem>
+#include <random>
+#include <string>
 
-using unison::test::on_worlds;
-
-TEST_CASE("thread sharded: ZeRO and FSDP training equal DDP and single-process training") {
-    on_worlds([](auto& comm) { unison::test::sharded_training_cases(comm); });
-}
-TEST_CASE("thread sharded: memory and traffic formulas, mixed precision, loss scaling") {
-    on_worlds([](auto& comm) { unison::test::sharded_accounting_cases(comm); });
-}
-TEST_CASE("thread sharded: checkpoints restage at the same world size, reject bad files") {
-    on_worlds([](auto& comm) {
-        unison::test::checkpoint_restage_cases(comm);
-        unison::test::checkpoint_rejection_cases(comm);
-    });
-}
+UNISON_SHARDED_SUITE(unison::test::backend::thread);
 
 TEST_CASE("thread sharded: ZeRO-3 at 4 ranks resumes as ZeRO-1 at 2, DDP at 1, ZeRO-2 at 3") {
     using namespace unison::policy;
@@ -46,11 +34,4 @@ TEST_CASE("thread sharded: ZeRO-3 at 4 ranks resumes as ZeRO-1 at 2, DDP at 1, Z
         CHECK(unison::test::checkpoint_contents(dir / d) == ref);
     }
     fs::remove_all(dir);
-}
-
-TEST_CASE("thread sharded: misuse is reported") {
-    on_worlds([](auto& comm) {
-        unison::test::sharded_misuse_cases(comm);
-        unison::test::fsdp_misuse_cases(comm);
-    });
 }

@@ -39,8 +39,12 @@ public:
         : count_(count), dev_(dev) {
         if (count_ != 0) {
             device_guard guard(dev_);
-            UNISON_CHECK_CUDA(cudaMalloc(&data_, count_ * sizeof(T)), -1,
+            // cuda_runtime_api.h has only the untyped overload (the typed one is in
+            // cuda_runtime.h), so this compiles without nvcc too.
+            void* p = nullptr;
+            UNISON_CHECK_CUDA(cudaMalloc(&p, count_ * sizeof(T)), -1,
                               "device_buffer of " + std::to_string(count_ * sizeof(T)) + " bytes");
+            data_ = static_cast<T*>(p);
         }
     }
     /// A device copy of `host` on device `dev`.

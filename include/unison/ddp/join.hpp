@@ -14,7 +14,7 @@
 ///         optimizer.step();     // every rank takes the same step: models stay equal
 ///     }
 ///
-/// `next` is called once per synchronizing step (with accumulate_steps<K>, once per
+/// `next` is called once per synchronizing step (with accumulate_steps = K, once per
 /// window of K micro-steps, before the window's first micro-step).
 
 #include "unison/comm/collectives.hpp"

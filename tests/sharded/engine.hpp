@@ -1,0 +1,111 @@
+#pragma once
+
+// What the fsdp engine adds to the parts, each checked against values computed here:
+//   - prefetching follows the order units ran in the first step, not registration;
+//   - a unit used twice in one forward gets two backward scopes, accumulates both
+//     gradients and is reduced once, after the second;
+//   - a unit that takes no part in a step's backward is reduced as zero on every
+//     rank (its parameters move only by what the optimizer does with a zero
+//     gradient);
+//   - copy_full hands back the full values at every strategy.
+
+#include "accounting.hpp"
+
+#include <unison/sharded.hpp>
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+namespace unison::test {
+
+template <class Strategy, communicator C>
+void engine_semantics_case(C& comm, const std::string& name) {
+    using engine_type = fsdp<C, Strategy, optim::sgd>;
+    const int n = comm.size();
+    const std::vector<std::size_t> sizes = {13, 40, 7};
+    std::vector<std::vector<float>> init(sizes.size());
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+        init[k].resize(sizes[k]);
+        for (std::size_t i = 0; i < sizes[k]; ++i) {
+            init[k][i] = static_cast<float>(synthetic(5, 0, k * 100 + i));
+        }
+    }
+    engine_type engine(comm, {.optimizer = {.lr = 0.5}, .prefetch = 1});
+    std::vector<unit_handle> u;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+        u.push_back(engine.add_unit({{"p" + std::to_string(k), init[k]}}));
+    }
+    engine.start();
+    outcome o;
+    // Each step: forward runs unit 2, then unit 0 twice, then unit 1; backward runs
+    // unit 1, unit 0 twice; unit 2 takes no part in backward. Rank r adds
+    // (r + 1) * (use + 1) to every element of unit 0's gradient in each use's
+    // backward, and r + 1 to unit 1's.
+    auto step = [&](bool check_prefetch) {
+        {
+            auto s = engine.forward(u[2]);
+            if (check_prefetch && engine_type::strategy::params_sharded) {
+                // The first step ran 2, 0, 0, 1: entering 2 prefetches 0, not 1 or 3.
+                o.expect(engine.parameters().gathered(0) && !engine.parameters().gathered(1),
+                         "entering unit 2 did not prefetch unit 0, the unit that followed it "
+                         "in the first step");
+            }
+        }
+        for (int use = 0; use < 2; ++use) {
+            auto s = engine.forward(u[0]);
+        }
+        { auto s = engine.forward(u[1]); }
+        {
+            auto s = engine.backward(u[1]);
+            const view<float> g = engine.gradient(u[1][0]);
+            for (std::size_t i = 0; i < g.size; ++i) {
+                g.data[i] += static_cast<float>(comm.rank() + 1);
+            }
+        }
+        for (int use = 1; use >= 0; --use) {
+            auto s = engine.backward(u[0]);
+            const view<float> g = engine.gradient(u[0][0]);
+            for (std::size_t i = 0; i < g.size; ++i) {
+                g.data[i] += static_cast<float>((comm.rank() + 1) * (use + 1));
+            }
+        }
+        engine.step();
+    };
+    step(false);
+    o.expect(engine.forward_order() == std::vector<std::size_t>{2, 0, 0, 1},
+             "the observed forward order is not 2, 0, 0, 1");
+    step(true);
+    // Two steps of SGD (lr 0.5) on the mean over ranks of the gradients:
+    // unit 0: 3 (r + 1), mean 3 (n + 1) / 2; unit 1: r + 1, mean (n + 1) / 2; unit 2: 0.
+    const double mean1 = (n + 1) / 2.0;
+    const double expected_shift[] = {2 * 0.5 * 3 * mean1, 2 * 0.5 * mean1, 0.0};
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+        std::vector<double> got(sizes[k]);
+        engine.copy_full(u[k][0], got);
+        for (std::size_t i = 0; i < sizes[k]; ++i) {
+            const double want = init[k][i] - expected_shift[k];
+            o.expect(std::abs(got[i] - want) <= 1e-5, [&] {
+                return "unit " + std::to_string(k) + " element " + std::to_string(i) + ": " +
+                       std::to_string(got[i]) + ", expected " + std::to_string(want);
+            });
+        }
+    }
+    if constexpr (engine_type::strategy::params_sharded) {
+        o.expect(engine.memory().gathered_now == 0, "copy_full left a unit gathered");
+    }
+    UNISON_CHECK_CASE(comm, name, o);
+}
+
+template <communicator C>
+void engine_semantics_cases(C& comm) {
+    using namespace unison::policy;
+    engine_semantics_case<zero<0>>(comm, "engine semantics, zero<0>");
+    engine_semantics_case<zero<1>>(comm, "engine semantics, zero<1>");
+    engine_semantics_case<zero<2>>(comm, "engine semantics, zero<2>");
+    engine_semantics_case<shard::full>(comm, "engine semantics, shard::full");
+    engine_semantics_case<shard::grad_op>(comm, "engine semantics, shard::grad_op");
+}
+
+} // namespace unison::test

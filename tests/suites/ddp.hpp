@@ -1,0 +1,47 @@
+#pragma once
+
+// The DDP suite: the bucketed reducer and ddp training, written once over a backend
+// fixture (tests/support/backends.hpp) and registered for a backend by
+// UNISON_DDP_SUITE(fixture) in its test file. The models and gradients are host
+// memory; DDP on device is compared with DDP on the host in tests/cuda/.
+
+#include "../ddp/cases.hpp"
+#include "../ddp/training.hpp"
+#include "../support/backends.hpp"
+
+#include <doctest/doctest.h>
+
+TEST_CASE_TEMPLATE_DEFINE("ddp: every policy averages like the double reference", Backend,
+                          ddp_policies) {
+    Backend::run([](auto& comm) { unison::test::reducer_policy_cases(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("ddp: gradient accumulation communicates once per window", Backend,
+                          ddp_accumulation) {
+    Backend::run([](auto& comm) { unison::test::reducer_accumulation_case(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("ddp: unused parameters", Backend, ddp_unused) {
+    Backend::run([](auto& comm) { unison::test::reducer_unused_cases(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("ddp: join with uneven inputs", Backend, ddp_join) {
+    Backend::run([](auto& comm) { unison::test::reducer_join_case(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("ddp: misuse is reported", Backend, ddp_misuse) {
+    Backend::run([](auto& comm) { unison::test::reducer_error_cases(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("ddp: training equals single-process training", Backend, ddp_training) {
+    Backend::run([](auto& comm) { unison::test::ddp_training_cases(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("ddp: loss normalization with uneven counts", Backend,
+                          ddp_loss_normalization) {
+    Backend::run([](auto& comm) { unison::test::loss_normalization_cases(comm); });
+}
+
+/// Registers every test case of the DDP suite for backend fixture `Backend`.
+#define UNISON_DDP_SUITE(Backend)                                                                  \
+    TEST_CASE_TEMPLATE_INVOKE(ddp_policies, Backend);                                              \
+    TEST_CASE_TEMPLATE_INVOKE(ddp_accumulation, Backend);                                          \
+    TEST_CASE_TEMPLATE_INVOKE(ddp_unused, Backend);                                                \
+    TEST_CASE_TEMPLATE_INVOKE(ddp_join, Backend);                                                  \
+    TEST_CASE_TEMPLATE_INVOKE(ddp_misuse, Backend);                                                \
+    TEST_CASE_TEMPLATE_INVOKE(ddp_training, Backend);                                              \
+    TEST_CASE_TEMPLATE_INVOKE(ddp_loss_normalization, Backend)

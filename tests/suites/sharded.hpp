@@ -1,0 +1,49 @@
+#pragma once
+
+// The sharded (FSDP / ZeRO) suite, written once over a backend fixture
+// (tests/support/backends.hpp) and registered for a backend by
+// UNISON_SHARDED_SUITE(fixture) in its test file. The models are host memory;
+// sharding on device is compared with sharding on the host in tests/cuda/.
+
+#include "../sharded/accounting.hpp"
+#include "../sharded/checkpoint.hpp"
+#include "../sharded/engine.hpp"
+#include "../sharded/misuse.hpp"
+#include "../sharded/training.hpp"
+#include "../support/backends.hpp"
+
+#include <doctest/doctest.h>
+
+TEST_CASE_TEMPLATE_DEFINE("sharded: ZeRO and FSDP training equal DDP and single-process training",
+                          Backend, sharded_training) {
+    Backend::run([](auto& comm) { unison::test::sharded_training_cases(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("sharded: memory and traffic formulas, mixed precision, loss scaling",
+                          Backend, sharded_accounting) {
+    Backend::run([](auto& comm) { unison::test::sharded_accounting_cases(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("sharded: checkpoints restage at the same world size, reject bad files",
+                          Backend, sharded_checkpoints) {
+    Backend::run([](auto& comm) {
+        unison::test::checkpoint_restage_cases(comm);
+        unison::test::checkpoint_rejection_cases(comm);
+    });
+}
+TEST_CASE_TEMPLATE_DEFINE("sharded: the fsdp engine's prefetch order, unit reuse, unused units",
+                          Backend, sharded_engine) {
+    Backend::run([](auto& comm) { unison::test::engine_semantics_cases(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("sharded: misuse is reported", Backend, sharded_misuse) {
+    Backend::run([](auto& comm) {
+        unison::test::sharded_misuse_cases(comm);
+        unison::test::fsdp_misuse_cases(comm);
+    });
+}
+
+/// Registers every test case of the sharded suite for backend fixture `Backend`.
+#define UNISON_SHARDED_SUITE(Backend)                                                              \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_training, Backend);                                          \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_accounting, Backend);                                        \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_checkpoints, Backend);                                       \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_engine, Backend);                                            \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_misuse, Backend)

@@ -1,0 +1,49 @@
+#pragma once
+
+// Where a collective case keeps its tensors. The cases compute their inputs on the
+// host (reference.hpp), put them where the backend under test moves memory with
+// `Space::make`, run the collective on `tensor.view()`, and check what
+// `Space::read` brings back against the double-precision reference. The host
+// space hands the host_buffer itself through; the device space of
+// tests/cuda/backends.hpp copies it to the communicator's GPU and back.
+
+#include "reference.hpp"
+
+#include <unison/comm/communicator.hpp>
+
+#include <concepts>
+#include <utility>
+
+namespace unison::test {
+
+/// A memory space for communicator `C`:
+///   `Space::make(comm, values)` -- a `Space::tensor` on `comm`'s memory holding
+///       `values` (a host_buffer), whose `view()` is the `buffer` to pass;
+///   `Space::read(comm, tensor)` -- the tensor's elements as a host_buffer, once
+///       every collective `comm` ran on it has completed;
+///   `Space::on_host` -- whether the tensors are host memory.
+template <class Space, class C>
+concept memory_space = communicator<C> &&
+    requires(C& comm, host_buffer values, typename Space::tensor& t) {
+    { Space::make(comm, std::move(values)) } -> std::same_as<typename Space::tensor>;
+    { t.view() } -> std::same_as<buffer>;
+    { Space::read(comm, std::as_const(t)) } -> std::convertible_to<const host_buffer&>;
+    { Space::on_host } -> std::convertible_to<bool>;
+};
+
+/// Host memory: the tensor is the host_buffer itself, moved in and read in place.
+struct host_space {
+    using tensor = host_buffer;
+    static constexpr bool on_host = true;
+
+    template <communicator C>
+    static host_buffer make(C&, host_buffer values) {
+        return values;
+    }
+    template <communicator C>
+    static const host_buffer& read(C&, const host_buffer& t) {
+        return t;
+    }
+};
+
+} // namespace unison::test
