@@ -57,14 +57,14 @@ int train(C& comm, const settings& s) {
     nn::mlp<float> model({features, 256, 256, classes}, /*seed=*/7);
 
     // --- unison: one unit per layer, ZeRO-3, AdamW on this rank's shard ---------------
-    // Other strategies: policy::zero<1>, zero<2>, shard::hybrid (with .shard_group_size),
-    // shard::none for plain DDP; mixed precision with policy::mixed_precision<dtype::bf16>
-    // (then the model computes in bf16).
-    using engine_type = fsdp<C, policy::zero<3>, optim::adamw>;
-    engine_type engine(comm, {.optimizer = {.lr = s.lr}, .max_grad_norm = 1.0});
+    // AdamW unless another optimizer type is given (optim::sgd, ...). Other strategies:
+    // policy::zero<1>, zero<2>, shard::hybrid (with .shard_group_size), shard::none for
+    // plain DDP; mixed precision with policy::mixed_precision<dtype::bf16> (then the
+    // model computes in bf16).
+    fsdp<C, policy::zero<3>> engine(comm, {.optimizer = {.lr = s.lr}, .max_grad_norm = 1.0});
     std::vector<unit_handle> units;
     for (std::size_t k = 0; k < model.layer_count(); ++k) {
-        std::vector<typename engine_type::parameter> params; // initial values, how nn sees them
+        std::vector<unit_parameter<float>> params; // initial values, how nn sees them
         for (nn::parameter<float>* p : model.layer_parameters(k)) {
             params.emplace_back(p->name, p->own_value, [p](view<float> v, view<float> g) {
                 p->bind_value(v); // nn computes in unison's memory (empty: its own again)

@@ -78,8 +78,14 @@ void fsdp_misuse_cases(C& comm) {
     std::vector<float> a(10, 0.5f), b(10, 0.25f);
     {
         fsdp<C, shard::full> engine(comm, {.prefetch = 0});
-        const unit_handle u0 = engine.add_unit({{"a", a}});
+        const std::vector<int> counts(4, 1);
+        CHECK_THROWS_WITH_AS(engine.add_unit({{"n", counts}}),
+                             doctest::Contains("initial values of 'n' are int32 on host; "
+                                               "floating-point host values expected"),
+                             argument_error);
+        const unit_handle u0 = engine.add_unit({{"a", a}}); // the refused unit left no trace
         const unit_handle u1 = engine.add_unit({{"b", b}});
+        CHECK(u0.index() == 0);
         CHECK_THROWS_WITH_AS(engine.before_forward(u0), doctest::Contains("start()"),
                              argument_error);
         engine.start();

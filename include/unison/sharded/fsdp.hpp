@@ -111,6 +111,37 @@ private:
     std::size_t index_ = 0, first_ = 0, count_ = 0;
 };
 
+/// One parameter of a unit, as `fsdp::add_unit` takes it, for parameters of element
+/// type `T`: its name (unique; checkpoints use it), its initial values (any
+/// floating-point host tensor, the same on every rank; it must live until add_unit
+/// returns, so temporaries are refused) or just its size (it starts at zero), and
+/// its binder (may be empty).
+template <element T>
+struct unit_parameter {
+    /// Called when the parameter's memory changes: with its values and, inside
+    /// backward, the gradient to accumulate into (empty views otherwise); with two
+    /// empty views when the gathered memory is freed. A framework points its tensor
+    /// at them.
+    using binder = std::function<void(view<T> value, view<T> gradient)>;
+
+    std::string name;
+    const_buffer initial{};
+    std::size_t numel = 0;
+    binder bind;
+
+    template <tensor V>
+    unit_parameter(std::string n, const V& values, binder b = {})
+        : name(std::move(n)), initial(as_const_buffer(values)), numel(initial.count),
+          bind(std::move(b)) {}
+    /// A temporary's values would be gone before add_unit reads them.
+    template <class V>
+    requires(tensor<std::remove_cvref_t<V>> && !std::is_lvalue_reference_v<V>)
+        unit_parameter(std::string, V&&, binder = {})
+    = delete;
+    unit_parameter(std::string n, std::size_t size, binder b = {})
+        : name(std::move(n)), numel(size), bind(std::move(b)) {}
+};
+
 /// The sharding engine over communicator `C`, assembled from `Policies`: a strategy
 /// (policy::shard::full by default, or policy::zero<N>), a precision
 /// (policy::mixed_precision) and an optimizer type (optim::adamw by default), in any
@@ -127,34 +158,10 @@ public:
     using strategy = typename params_type::strategy;
     /// The element type parameters and gradients are kept (and computed) in.
     using value_type = element_t<params_type::param_dtype>;
-    /// Called when a parameter's memory changes: with its values and, inside
-    /// backward, the gradient to accumulate into (empty views otherwise); with two
-    /// empty views when the gathered memory is freed. A framework points its
-    /// tensor at them.
-    using binder = std::function<void(view<value_type> value, view<value_type> gradient)>;
-
-    /// One parameter of a unit: its name (unique; checkpoints use it), its initial
-    /// values (any floating-point host tensor, the same on every rank; it must live
-    /// until add_unit returns, so temporaries are refused) or just its size (it starts
-    /// at zero), and its binder (may be empty).
-    struct parameter {
-        std::string name;
-        const_buffer initial{};
-        std::size_t numel = 0;
-        binder bind;
-
-        template <tensor T>
-        parameter(std::string n, const T& values, binder b = {})
-            : name(std::move(n)), initial(as_const_buffer(values)), numel(initial.count),
-              bind(std::move(b)) {}
-        /// A temporary's values would be gone before add_unit reads them.
-        template <class T>
-        requires(tensor<std::remove_cvref_t<T>> && !std::is_lvalue_reference_v<T>)
-            parameter(std::string, T&&, binder = {})
-        = delete;
-        parameter(std::string n, std::size_t size, binder b = {})
-            : name(std::move(n)), numel(size), bind(std::move(b)) {}
-    };
+    /// Called when a parameter's memory changes (see unit_parameter).
+    using binder = typename unit_parameter<value_type>::binder;
+    /// One parameter of a unit, as add_unit takes it.
+    using parameter = unit_parameter<value_type>;
 
     /// A unit's forward or backward, from construction to destruction (see forward()
     /// and backward()). Move-only.
@@ -227,6 +234,14 @@ public:
         std::vector<parameter_spec> specs;
         specs.reserve(params.size());
         for (const parameter& p : params) {
+            const bool given = p.initial.data != nullptr || p.initial.count != 0;
+            if (given && (!is_floating(p.initial.type) || !p.initial.location.is_host())) {
+                // Checked before anything is added, so a refused unit leaves no trace.
+                fail("add_unit", "the initial values of '" + p.name + "' are " +
+                                     std::string(to_string(p.initial.type)) + " on " +
+                                     to_string(p.initial.location) +
+                                     "; floating-point host values expected");
+            }
             specs.push_back({p.name, p.numel});
         }
         const std::size_t k = params_.add_unit(std::span<const parameter_spec>(specs));
@@ -436,16 +451,29 @@ public:
                 params_.reduce_gradients(k);
             }
         }
-        release_all(); // prefetched but never used, or kept from forward
+        release_all();          // prefetched but never used, or kept from forward
+        struct next_iteration { // also when the step throws: the next one starts clean
+            fsdp& e;
+            bool zeroed = false;
+            ~next_iteration() {
+                if (!zeroed) { // a failed step: no stale gradient carries over
+                    try {
+                        e.params_.zero_grad();
+                    } catch (...) { // the step's own error is the one to report
+                    }
+                }
+                for (unit_state& s : e.units_) {
+                    s.uses = 0;
+                    s.backwards = 0;
+                    s.reduced = false;
+                }
+                e.observed_ = true;
+                e.cursor_[0] = e.cursor_[1] = 0;
+            }
+        } done{*this};
         const step_result r = optimizer_->step();
         params_.zero_grad();
-        for (unit_state& s : units_) {
-            s.uses = 0;
-            s.backwards = 0;
-            s.reduced = false;
-        }
-        observed_ = true;
-        cursor_[0] = cursor_[1] = 0;
+        done.zeroed = true;
         return r;
     }
 
