@@ -18,7 +18,7 @@ set(_unison_header_test_template "${CMAKE_CURRENT_LIST_DIR}/header_test.cpp.in")
 #   .../cuda/..., .../kernels/...,
 #     or cuda.hpp                     unison::cuda   (skipped without target unison_cuda)
 #   eigen.hpp                         unison::eigen  (skipped without target unison_eigen)
-#   torch.hpp                         unison::torch  (skipped without target unison_torch)
+#   .../torch/... or torch.hpp        unison::torch  (skipped without target unison_torch)
 #   anything else                     unison::unison alone
 #
 # .cuh headers need nvcc and are not compiled here. unison/unison.hpp is compiled
@@ -72,7 +72,7 @@ function(unison_add_header_test target)
             set(group cuda)
         elseif(name STREQUAL "eigen.hpp")
             set(group eigen)
-        elseif(name STREQUAL "torch.hpp")
+        elseif(header MATCHES "/torch/" OR name STREQUAL "torch.hpp")
             set(group torch)
         else()
             set(group core)

@@ -490,14 +490,17 @@ void reducer_error_cases(C& comm) {
     }
     if (comm.size() > 1) {
         // ddp::start compares the parameters' sizes before its broadcast, which would
-        // otherwise truncate (MPI kills the job) or read past a buffer.
+        // otherwise truncate (MPI kills the job) or read past a buffer, and names the
+        // first one that differs.
+        std::vector<float> b(4, 1.0f), gb(4, 0.0f);
         std::vector<float> w(comm.rank() == 1 ? 12 : 10, 1.0f), gw(w.size(), 0.0f);
         ddp<C> dp(comm);
+        dp.add_parameter(b, gb, "b");
         dp.add_parameter(w, gw, "w");
-        CHECK_THROWS_WITH_AS(dp.start(),
-                             doctest::Contains("registered 1 parameters and buffers of different "
-                                               "sizes or dtypes"),
-                             mismatch_error);
+        const std::string expected = "entry #1, on this rank parameter 'w' (" +
+                                     std::to_string(w.size()) + " float), is different on rank " +
+                                     std::to_string(comm.rank() == 1 ? 0 : 1);
+        CHECK_THROWS_WITH_AS(dp.start(), doctest::Contains(expected.c_str()), mismatch_error);
         std::vector<float> x(3, 1.0f);
         all_reduce(comm, x);
         CHECK(x[0] == static_cast<float>(comm.size()));

@@ -55,7 +55,7 @@ public:
                                      " elements but its gradient " + std::to_string(g.count));
         }
         const std::size_t i = reducer_.add(grad, std::move(name));
-        add_state(p, reducer_.name(i), false);
+        add_state(p, reducer_.name(i), state_kind::parameter);
         return i;
     }
 
@@ -63,22 +63,42 @@ public:
     /// and `broadcast_buffers()`, never reduced.
     template <writable_tensor B>
     void add_buffer(B&& b, std::string name = {}) {
-        add_state(as_buffer(b), name.empty() ? "buffer #" + std::to_string(buffers_) : name, true);
+        add_state(as_buffer(b), name.empty() ? "buffer #" + std::to_string(buffers_) : name,
+                  state_kind::buffer);
         ++buffers_;
     }
 
+    /// Registers a parameter that is not trained (frozen: no gradient): broadcast by
+    /// `start()` so every rank starts from the same values, then left alone.
+    template <writable_tensor P>
+    void add_frozen_parameter(P&& param, std::string name = {}) {
+        add_state(as_buffer(param), name.empty() ? "frozen #" + std::to_string(frozen_) : name,
+                  state_kind::frozen);
+        ++frozen_;
+    }
+
     /// Collective: checks that every rank registered the same parameters and buffers
-    /// (sizes and dtypes, in order) before anything moves, copies them from rank
+    /// (sizes, dtypes and kinds, in order; a difference is a mismatch_error naming
+    /// the first entry that differs) before anything moves, copies them from rank
     /// `root` to all ranks, then starts the reducer (which checks the gradients).
     void start(int root = 0) {
-        std::uint64_t hash = detail::fnv1a64_offset;
+        std::vector<std::uint64_t> hashes;
+        hashes.reserve(states_.size());
         for (const state& s : states_) {
             const std::uint64_t v[3] = {s.data.count, static_cast<std::uint64_t>(s.data.type),
-                                        s.is_buffer ? 1u : 0u};
-            hash = detail::fnv1a64(v, sizeof v, hash);
+                                        static_cast<std::uint64_t>(s.kind)};
+            hashes.push_back(detail::fnv1a64(v, sizeof v));
         }
-        detail::verify_same_layout(
-            *comm_, reducer_.placement(), static_cast<std::int64_t>(states_.size()), hash,
+        detail::verify_same_entries(
+            *comm_, reducer_.placement(), hashes,
+            [&](std::size_t k) {
+                const state& s = states_[k];
+                return std::string(s.kind == state_kind::parameter ? "parameter"
+                                   : s.kind == state_kind::buffer  ? "buffer"
+                                                                   : "frozen parameter") +
+                       " '" + s.name + "' (" + std::to_string(s.data.count) + " " +
+                       std::string(to_string(s.data.type)) + ")";
+            },
             {"ddp start", "registered", "parameters and buffers", "of different sizes or dtypes",
              "every rank must register the same parameters and buffers in the same order"});
         broadcast_state(root, /*buffers_only=*/false);
@@ -106,14 +126,15 @@ public:
     C& communicator() noexcept { return *comm_; }
 
 private:
+    enum class state_kind : std::uint8_t { parameter, buffer, frozen };
     struct state {
         buffer data;
         std::string name;
-        bool is_buffer = false;
+        state_kind kind = state_kind::parameter;
     };
 
-    void add_state(const buffer& b, std::string name, bool is_buffer) {
-        states_.push_back(state{b, std::move(name), is_buffer});
+    void add_state(const buffer& b, std::string name, state_kind kind) {
+        states_.push_back(state{b, std::move(name), kind});
     }
 
     /// Packs the states' bytes into chunks and broadcasts each as u8: one collective
@@ -138,7 +159,7 @@ private:
             in_chunk.clear();
         };
         for (const state& s : states_) {
-            if (buffers_only && !s.is_buffer) {
+            if (buffers_only && s.kind != state_kind::buffer) {
                 continue;
             }
             const std::size_t bytes = s.data.count * size_of(s.data.type);
@@ -163,7 +184,7 @@ private:
     C* comm_;
     reducer_type reducer_;
     std::vector<state> states_;
-    std::size_t buffers_ = 0;
+    std::size_t buffers_ = 0, frozen_ = 0;
 };
 
 } // namespace unison

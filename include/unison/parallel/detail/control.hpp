@@ -8,6 +8,7 @@
 
 #include "unison/comm/collectives.hpp"
 #include "unison/comm/communicator.hpp"
+#include "unison/core/detail/hash.hpp"
 #include "unison/core/error.hpp"
 #include "unison/parallel/detail/placement.hpp"
 
@@ -91,6 +92,52 @@ void verify_same_layout(C& comm, const placement& place, std::int64_t count, std
                                      (n == mine[0] ? std::string(" ") + words.differ : "") +
                                      ", this rank " + std::to_string(mine[0]) + ": " + words.rule,
                                  r, words.noun);
+        }
+    }
+}
+
+/// Collective, and run before any data moves: like verify_same_layout for a list of
+/// entries given by one hash each, but when every rank has as many entries and some
+/// differ, a second all-gather finds the first entry that differs and the error
+/// names it (`describe(k)` says what entry k is on this rank). One small all-gather
+/// when the layouts agree.
+template <communicator C, class Describe>
+void verify_same_entries(C& comm, const placement& place, std::span<const std::uint64_t> hashes,
+                         Describe&& describe, const layout_words& words) {
+    std::uint64_t whole = fnv1a64_offset;
+    for (const std::uint64_t h : hashes) {
+        whole = fnv1a64(&h, sizeof h, whole);
+    }
+    const auto count = static_cast<std::int64_t>(hashes.size());
+    const std::vector<std::int64_t> mine{count, static_cast<std::int64_t>(whole)};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm.size()));
+    control_all_gather(comm, place, std::span<const std::int64_t>(mine),
+                       std::span<std::int64_t>(all));
+    // Every rank sees the same table, so every rank takes the same branch below.
+    bool same = true, same_counts = true;
+    for (int r = 0; r < comm.size(); ++r) {
+        same_counts = same_counts && all[2 * static_cast<std::size_t>(r)] == count;
+        same = same && all[2 * static_cast<std::size_t>(r) + 1] == mine[1];
+    }
+    if (same && same_counts) {
+        return;
+    }
+    if (!same_counts) {
+        verify_same_layout(comm, place, count, whole, words); // throws, naming the count
+    }
+    std::vector<std::int64_t> each(hashes.begin(), hashes.end());
+    std::vector<std::int64_t> table(each.size() * static_cast<std::size_t>(comm.size()));
+    control_all_gather(comm, place, std::span<const std::int64_t>(each),
+                       std::span<std::int64_t>(table));
+    for (std::size_t k = 0; k < each.size(); ++k) {
+        for (int r = 0; r < comm.size(); ++r) {
+            if (table[static_cast<std::size_t>(r) * each.size() + k] != each[k]) {
+                throw mismatch_error(comm.rank(), words.operation,
+                                     "entry #" + std::to_string(k) + ", on this rank " +
+                                         describe(k) + ", is different on rank " +
+                                         std::to_string(r) + ": " + words.rule,
+                                     r, words.noun);
+            }
         }
     }
 }

@@ -1,0 +1,330 @@
+#pragma once
+
+/// \file
+/// `unison::torch::ddp`: data parallelism for a `torch::nn::Module`, the
+/// DistributedDataParallel that LibTorch's C++ frontend lacks. The user's forward,
+/// loss and backward stay plain LibTorch code:
+///
+///     unison::torch::ddp<unison::mpi_communicator> dp(comm, model, {.bucket_bytes = 25 << 20});
+///     torch::optim::AdamW optimizer(model->parameters(), 1e-3);
+///     for (auto& batch : my_shard_of_the_data) {
+///         optimizer.zero_grad();
+///         auto loss = torch::nn::functional::cross_entropy(model->forward(batch.x), batch.y);
+///         loss.backward();    // buckets are all-reduced while backward runs
+///         optimizer.step();   // on gradients averaged over the ranks
+///     }
+///
+/// Construction is collective: it registers the module's parameters (those with
+/// `requires_grad`; frozen ones are only broadcast), its buffers, checks that every
+/// rank built the same module (the first parameter that differs is named in a
+/// mismatch_error before any data moves) and broadcasts rank `root`'s parameters
+/// and buffers. It hooks each parameter's gradient accumulator, so a gradient's
+/// bucket is packed and reduced as soon as autograd has accumulated it into
+/// `p.grad()`, and it queues a callback that ends the step when backward finishes:
+/// after `loss.backward()` returns, every `p.grad()` holds the average over the
+/// ranks (with `accumulate_steps`, on the window's last micro-batch; see
+/// `synchronized()`), and by default rank `root`'s buffers have been copied to
+/// every rank (PyTorch's `broadcast_buffers`).
+///
+/// Gradients: every parameter gets a zero gradient at construction, and parameters
+/// without a gradient in a step contribute zero (policy::unused_as_zero, the
+/// default) or are an error naming them that `backward()` throws
+/// (policy::unused_is_error). Zeroing in place (`optimizer.zero_grad()` in LibTorch
+/// 1.x) keeps the gradients' storage; setting them to undefined (LibTorch 2's
+/// default) works too, at the cost of a pointer update per gradient. With
+/// policy::gradients_in_buckets, `p.grad()` is a view into the bucket memory
+/// (PyTorch's gradient_as_bucket_view): nothing is copied.
+///
+/// Accumulation: inside a `no_sync()` scope backward only accumulates locally; the
+/// next backward outside one reduces the sum (PyTorch's `no_sync`). Or set
+/// `accumulate_steps`: every backward counts as a micro-batch.
+///
+/// Policies and numbers are those of `unison::ddp` (ddp/policies.hpp,
+/// ddp/options.hpp). CPU tensors on any host communicator. Not thread-safe: one
+/// object per rank, its backward on one thread at a time.
+
+#include "unison/comm/communicator.hpp"
+#include "unison/core/error.hpp"
+#include "unison/core/torch.hpp"
+#include "unison/ddp/ddp.hpp"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace unison::torch {
+
+/// The numbers of a module's DDP: those of `unison::ddp_options` (same meaning and
+/// defaults) and what belongs to the module.
+struct ddp_options {
+    std::size_t bucket_bytes = unison::ddp_options{}.bucket_bytes;
+    std::size_t first_bucket_bytes = unison::ddp_options{}.first_bucket_bytes;
+    int accumulate_steps = unison::ddp_options{}.accumulate_steps;
+    bool average = unison::ddp_options{}.average;
+    double predivide_factor = unison::ddp_options{}.predivide_factor;
+    /// Copy rank `root`'s buffers (running statistics) to every rank after each
+    /// synchronizing backward, so the next forward runs with the same ones everywhere.
+    bool broadcast_buffers = true;
+    /// The rank whose parameters and buffers every rank starts from.
+    int root = 0;
+
+    unison::ddp_options engine() const {
+        return {bucket_bytes, first_bucket_bytes, accumulate_steps, average, predivide_factor};
+    }
+};
+
+/// DDP of one `torch::nn::Module` over communicator `C`, assembled from `Policies`
+/// (those of `unison::ddp`). Keeps the module alive; neither copyable nor movable
+/// (autograd hooks point at it).
+template <communicator C, class... Policies>
+class ddp {
+public:
+    using engine_type = unison::ddp<C, Policies...>;
+
+    /// A scope inside which backward only accumulates gradients locally.
+    class no_sync_scope {
+    public:
+        no_sync_scope(no_sync_scope&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)) {}
+        no_sync_scope& operator=(no_sync_scope&&) = delete;
+        no_sync_scope(const no_sync_scope&) = delete;
+        no_sync_scope& operator=(const no_sync_scope&) = delete;
+        ~no_sync_scope() {
+            if (owner_ != nullptr) {
+                --owner_->no_sync_depth_;
+            }
+        }
+
+    private:
+        friend class ddp;
+        explicit no_sync_scope(ddp* owner) : owner_(owner) { ++owner_->no_sync_depth_; }
+        ddp* owner_;
+    };
+
+    /// Collective (see the file comment). `comm` must outlive this object.
+    ddp(C& comm, std::shared_ptr<::torch::nn::Module> module, ddp_options options = {})
+        : module_(std::move(module)), options_(options),
+          engine_(comm, checked(options_, comm, module_).engine()) {
+        register_module();
+        engine_.start(options_.root);
+        install_hooks();
+        if constexpr (in_buckets) {
+            point_gradients_at_buckets();
+        }
+    }
+    /// The same for a module holder (`torch::nn::Linear`, a TORCH_MODULE type).
+    template <class M>
+    ddp(C& comm, const ::torch::nn::ModuleHolder<M>& module, ddp_options options = {})
+        : ddp(comm, std::static_pointer_cast<::torch::nn::Module>(module.ptr()), options) {}
+
+    ddp(const ddp&) = delete;
+    ddp& operator=(const ddp&) = delete;
+
+    /// Removes the hooks; with gradients_in_buckets, gives each parameter its own
+    /// copy of its gradient (the bucket memory goes away with this object).
+    ~ddp() {
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+            accumulators_[i]->del_post_hook(hook_keys_[i]);
+            if constexpr (in_buckets) {
+                if (params_[i].grad().defined() &&
+                    params_[i].grad().data_ptr() == grads_[i].data_ptr()) {
+                    params_[i].mutable_grad() = grads_[i].clone();
+                }
+            }
+        }
+    }
+
+    /// Backward inside the returned scope only accumulates into `p.grad()`; the next
+    /// backward outside reduces what was accumulated. Scopes nest.
+    [[nodiscard]] no_sync_scope no_sync() { return no_sync_scope(this); }
+
+    /// Whether the last backward synchronized the gradients (false inside no_sync()
+    /// and on micro-batches that only accumulate): step the optimizer after true.
+    bool synchronized() const noexcept { return synchronized_; }
+
+    /// Collective: copies rank `root`'s buffers to every rank now.
+    void broadcast_buffers() { engine_.broadcast_buffers(options_.root); }
+
+    /// The registered (trainable) parameters, in registration order, and their names.
+    const std::vector<at::Tensor>& parameters() const noexcept { return params_; }
+    const std::vector<std::string>& parameter_names() const noexcept { return names_; }
+
+    ::torch::nn::Module& module() noexcept { return *module_; }
+    engine_type& engine() noexcept { return engine_; }
+    C& communicator() noexcept { return engine_.communicator(); }
+
+private:
+    static constexpr bool in_buckets =
+        engine_type::reducer_type::config::gradient_memory::in_buckets;
+
+    static const ddp_options& checked(const ddp_options& o, C& comm,
+                                      const std::shared_ptr<::torch::nn::Module>& m) {
+        if (!m) {
+            throw argument_error(comm.rank(), "torch::ddp", "the module is null");
+        }
+        if (o.root < 0 || o.root >= comm.size()) {
+            throw argument_error(comm.rank(), "torch::ddp",
+                                 "root is " + std::to_string(o.root) + " in a world of " +
+                                     std::to_string(comm.size()) + " ranks");
+        }
+        return o;
+    }
+
+    [[noreturn]] void fail(const std::string& detail) {
+        throw argument_error(engine_.communicator().rank(), "torch::ddp", detail);
+    }
+
+    void register_module() {
+        for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+            at::Tensor p = item.value();
+            if (!p.device().is_cpu()) {
+                fail("parameter '" + item.key() + "' is on " + p.device().str() +
+                     "; this DDP moves CPU tensors (CUDA modules are not supported yet)");
+            }
+            if (!p.requires_grad()) {
+                engine_.add_frozen_parameter(p, item.key());
+                continue;
+            }
+            if (!p.grad().defined()) {
+                p.mutable_grad() = at::zeros_like(p);
+            }
+            engine_.add_parameter(p, p.mutable_grad(), item.key());
+            params_.push_back(p);
+            grads_.push_back(p.grad());
+            names_.push_back(item.key());
+        }
+        for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
+            at::Tensor b = item.value();
+            if (b.defined()) {
+                engine_.add_buffer(b, item.key());
+            }
+        }
+        marked_.assign(params_.size(), 0);
+    }
+
+    /// Gradient i is final once autograd has accumulated it into p.grad: a post hook
+    /// on p's AccumulateGrad node (a tensor hook would run before the accumulation).
+    /// A parameter holds its node weakly, so the nodes are kept alive here.
+    void install_hooks() {
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+            accumulators_.push_back(::torch::autograd::impl::grad_accumulator(params_[i]));
+            if (!accumulators_.back()) {
+                fail("parameter '" + names_[i] + "' has no gradient accumulator");
+            }
+            hook_keys_.push_back(accumulators_.back()->add_post_hook(
+                std::make_unique<::torch::autograd::utils::LambdaPostHook>(
+                    [this, i](const ::torch::autograd::variable_list& outputs,
+                              const ::torch::autograd::variable_list&) {
+                        gradient_ready(i);
+                        return outputs;
+                    })));
+        }
+    }
+
+    void gradient_ready(std::size_t i) {
+        if (no_sync_depth_ > 0) {
+            synchronized_ = false;
+            return; // accumulated locally; reduced by the next synchronizing backward
+        }
+        if (!in_backward_) {
+            in_backward_ = true;
+            ::torch::autograd::Engine::get_default_engine().queue_callback(
+                [this] { end_backward(); });
+        }
+        follow_gradient(i);
+        marked_[i] = 1;
+        engine_.mark_ready(i);
+    }
+
+    /// Makes the reducer read and write p.grad where it lives now.
+    void follow_gradient(std::size_t i) {
+        at::Tensor& grad = params_[i].mutable_grad();
+        if (!grad.defined()) {
+            // Undefined (zero_grad(set_to_none)) and not produced this step: zero.
+            grads_[i].zero_();
+            grad = grads_[i];
+            return;
+        }
+        if (grad.data_ptr() == grads_[i].data_ptr()) {
+            return;
+        }
+        if constexpr (in_buckets) {
+            grads_[i].copy_(grad); // autograd made a new tensor: back into the bucket
+            grad = grads_[i];
+        } else {
+            engine_.reducer().rebind(i, grad);
+            grads_[i] = grad;
+        }
+    }
+
+    /// Autograd's final callback: the step's reductions end here.
+    void end_backward() {
+        in_backward_ = false;
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+            if (marked_[i] == 0) {
+                follow_gradient(i); // unused this step: the average still lands in p.grad
+            }
+            marked_[i] = 0;
+        }
+        synchronized_ = engine_.finish();
+        if constexpr (in_buckets) {
+            if (engine_.reducer().layout_version() != layout_version_) {
+                point_gradients_at_buckets();
+            }
+        }
+        if (synchronized_ && options_.broadcast_buffers) {
+            engine_.broadcast_buffers(options_.root);
+        }
+    }
+
+    /// gradients_in_buckets: p.grad becomes a view of its bucket slot (again after
+    /// the rebuild moves the buckets; the reducer carries the values over).
+    void point_gradients_at_buckets() {
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+            grads_[i] = at::from_blob(bucket_slot(i), params_[i].sizes(), params_[i].options());
+            params_[i].mutable_grad() = grads_[i];
+        }
+        layout_version_ = engine_.reducer().layout_version();
+    }
+
+    void* bucket_slot(std::size_t i) {
+        auto& reducer = engine_.reducer();
+        switch (*dtype_from_torch(params_[i].scalar_type())) {
+        case dtype::f64:
+            return reducer.template gradient<double>(i).data;
+        case dtype::f32:
+            return reducer.template gradient<float>(i).data;
+        case dtype::f16:
+            return reducer.template gradient<half>(i).data;
+        case dtype::bf16:
+            return reducer.template gradient<bf16>(i).data;
+        default:
+            fail("parameter '" + names_[i] + "' is not floating point");
+        }
+    }
+
+    std::shared_ptr<::torch::nn::Module> module_;
+    ddp_options options_;
+    engine_type engine_;
+    std::vector<at::Tensor> params_;
+    std::vector<at::Tensor> grads_; ///< where the reducer reads and writes gradient i
+    std::vector<std::string> names_;
+    std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
+    std::vector<std::uintptr_t> hook_keys_;
+    std::vector<std::uint8_t> marked_;
+    std::uint64_t layout_version_ = ~std::uint64_t{0};
+    int no_sync_depth_ = 0;
+    bool in_backward_ = false;
+    bool synchronized_ = false;
+};
+
+} // namespace unison::torch

@@ -1,0 +1,256 @@
+#pragma once
+
+// unison::torch::ddp against single-process LibTorch. Every rank builds the model
+// from its own seed (construction must broadcast rank 0's parameters), trains on
+// its share of every global batch with torch::optim::AdamW, and also trains, by
+// itself, a reference copy from rank 0's seed on the whole batch; after every step
+// each parameter is compared with the reference's.
+
+#include "../collectives/cases.hpp"
+#include "models.hpp"
+
+#include <unison/torch.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace unison::test {
+
+namespace tm = torch_models;
+
+inline constexpr std::int64_t torch_global_batch = 24; // divisible by 1, 2, 3 and 4 ranks
+inline constexpr int torch_steps = 20;
+
+/// How a rank runs one step's backward(s): the plain loop, no_sync micro-batches,
+/// accumulate_steps micro-batches, or gradients set to undefined between steps.
+enum class torch_loop { plain, no_sync, accumulate_steps, set_to_none };
+
+inline const char* name(torch_loop l) {
+    switch (l) {
+    case torch_loop::plain:
+        return "plain";
+    case torch_loop::no_sync:
+        return "no_sync micro-batches";
+    case torch_loop::accumulate_steps:
+        return "accumulate_steps 2";
+    case torch_loop::set_to_none:
+        return "gradients set to undefined";
+    }
+    return "?";
+}
+
+/// AdamW with its defaults but a larger learning rate, so 20 steps move far.
+inline ::torch::optim::AdamW adamw(const std::vector<at::Tensor>& params) {
+    return ::torch::optim::AdamW(params, ::torch::optim::AdamWOptions(1e-2));
+}
+
+/// DDP of model `k` in `dtype` with `Policies`, `loop` and `options`, against the
+/// single-process reference: every parameter within `tol` after every step.
+template <class... Policies, communicator C>
+void torch_ddp_case(C& comm, tm::kind k, c10::ScalarType dtype, torch_loop loop, double tol,
+                    torch::ddp_options options = {}) {
+    const std::string label = std::string(tm::name(k)) + ", " + c10::toString(dtype) + ", " +
+                              name(loop) + (sizeof...(Policies) > 0 ? ", with policies" : "");
+    CAPTURE(label);
+    const auto n = comm.size();
+    const auto rank = comm.rank();
+    const std::int64_t shard = torch_global_batch / n;
+    const tm::dataset data = tm::make_data(k, dtype, torch_global_batch * torch_steps, 7);
+    if (loop == torch_loop::accumulate_steps) {
+        options.accumulate_steps = 2;
+    }
+
+    std::shared_ptr<tm::net> model = tm::make(k, dtype, 100 + static_cast<std::uint64_t>(rank));
+    std::shared_ptr<tm::net> reference = tm::make(k, dtype, 100);
+    torch::ddp<C, Policies...> dp(comm, model, options);
+    tm::zero_gradients(*reference);
+    auto opt = adamw(model->parameters());
+    auto ref_opt = adamw(reference->parameters());
+
+    outcome o;
+    o.expect(dp.parameters().size() == model->parameters().size(),
+             "every parameter registered: " + std::to_string(dp.parameters().size()));
+    for (int step = 0; step < torch_steps && o.first.empty(); ++step) {
+        const std::int64_t base = step * torch_global_batch + rank * shard;
+        if (loop == torch_loop::set_to_none) {
+            for (at::Tensor& p : model->parameters()) {
+                p.mutable_grad() = at::Tensor();
+            }
+        } else {
+            opt.zero_grad();
+        }
+        auto backward = [&](std::int64_t first, std::int64_t count) {
+            const at::Tensor loss = ::torch::nn::functional::cross_entropy(
+                                        model->forward(data.x.narrow(0, base + first, count)),
+                                        data.y.narrow(0, base + first, count)) *
+                                    (static_cast<double>(count) / static_cast<double>(shard));
+            loss.backward();
+        };
+        if (loop == torch_loop::no_sync || loop == torch_loop::accumulate_steps) {
+            const std::int64_t half = shard / 2; // at least 3 at up to 4 ranks
+            {
+                std::optional<typename torch::ddp<C, Policies...>::no_sync_scope> scope;
+                if (loop == torch_loop::no_sync) {
+                    scope.emplace(dp.no_sync());
+                }
+                backward(0, half);
+                o.expect(!dp.synchronized(), "step " + std::to_string(step) +
+                                                 ": the first micro-batch did not synchronize");
+            }
+            backward(half, shard - half);
+        } else {
+            backward(0, shard);
+        }
+        o.expect(dp.synchronized(), "step " + std::to_string(step) + " did not synchronize");
+        opt.step();
+
+        ref_opt.zero_grad();
+        ::torch::nn::functional::cross_entropy(
+            reference->forward(data.x.narrow(0, step * torch_global_batch, torch_global_batch)),
+            data.y.narrow(0, step * torch_global_batch, torch_global_batch))
+            .backward();
+        ref_opt.step();
+
+        const auto params = model->named_parameters();
+        const auto ref_params = reference->named_parameters();
+        for (std::size_t p = 0; p < params.size(); ++p) {
+            const double err =
+                tm::relative_error(params[p].value().detach(), ref_params[p].value().detach());
+            o.expect(err <= tol, [&] {
+                return "step " + std::to_string(step) + " parameter " + params[p].key() +
+                       " relative error " + std::to_string(err);
+            });
+        }
+    }
+    UNISON_CHECK_CASE(comm, label, o);
+}
+
+template <communicator C>
+void torch_ddp_training_cases(C& comm) {
+    using tm::kind;
+    for (const kind k : {kind::mlp, kind::block}) {
+        torch_ddp_case(comm, k, at::kFloat, torch_loop::plain, 1e-6);
+        torch_ddp_case(comm, k, at::kDouble, torch_loop::plain, 1e-12);
+    }
+    // Several buckets, reduced while backward runs.
+    torch_ddp_case(comm, kind::block, at::kFloat, torch_loop::plain, 1e-6,
+                   {.bucket_bytes = 2048, .first_bucket_bytes = 512});
+    torch_ddp_case<policy::gradients_in_buckets>(comm, kind::mlp, at::kFloat, torch_loop::plain,
+                                                 1e-6, {.bucket_bytes = 1024});
+    torch_ddp_case(comm, kind::mlp, at::kDouble, torch_loop::set_to_none, 1e-12);
+    torch_ddp_case<policy::gradients_in_buckets>(comm, kind::mlp, at::kDouble,
+                                                 torch_loop::set_to_none, 1e-12);
+    // The unused head's gradient stays zero, as in the reference.
+    torch_ddp_case(comm, kind::unused_head, at::kDouble, torch_loop::plain, 1e-12);
+}
+
+template <communicator C>
+void torch_ddp_accumulation_cases(C& comm) {
+    using tm::kind;
+    torch_ddp_case(comm, kind::mlp, at::kDouble, torch_loop::no_sync, 1e-12);
+    torch_ddp_case(comm, kind::block, at::kFloat, torch_loop::no_sync, 1e-6);
+    torch_ddp_case(comm, kind::mlp, at::kDouble, torch_loop::accumulate_steps, 1e-12);
+    torch_ddp_case<policy::gradients_in_buckets>(comm, kind::mlp, at::kDouble, torch_loop::no_sync,
+                                                 1e-12);
+}
+
+/// Buffers: with broadcast_buffers every rank's running statistics are rank 0's
+/// after every step; without, ranks that saw other data keep their own (which shows
+/// that the check can tell).
+template <communicator C>
+void torch_ddp_buffer_case(C& comm, bool sync_buffers) {
+    const std::string label = sync_buffers ? "buffers broadcast" : "buffers kept";
+    const auto n = comm.size();
+    const std::int64_t shard = torch_global_batch / n;
+    const tm::dataset data = tm::make_data(tm::kind::batch_norm, at::kFloat, torch_global_batch, 3);
+    auto model =
+        tm::make(tm::kind::batch_norm, at::kFloat, 50 + static_cast<std::uint64_t>(comm.rank()));
+    {
+        ::torch::NoGradGuard no_grad; // every rank's statistics start out different
+        for (at::Tensor& b : model->buffers()) {
+            if (b.is_floating_point()) {
+                b.add_(comm.rank());
+            }
+        }
+    }
+    torch::ddp<C> dp(comm, model, {.broadcast_buffers = sync_buffers});
+    outcome o;
+    auto buffers_equal_root = [&] {
+        double difference = 0.0;
+        for (at::Tensor& b : model->buffers()) {
+            at::Tensor root = b.clone();
+            broadcast(comm, root, 0);
+            difference = std::max(
+                difference,
+                (root.to(at::kDouble) - b.to(at::kDouble)).abs().max().template item<double>());
+        }
+        std::vector<double> largest{difference}; // rank 0's own is always equal
+        all_reduce(comm, largest, reduce_op::max);
+        return largest[0] == 0.0;
+    };
+    o.expect(buffers_equal_root(), "construction broadcast the buffers");
+    ::torch::nn::functional::cross_entropy(
+        model->forward(data.x.narrow(0, comm.rank() * shard, shard)),
+        data.y.narrow(0, comm.rank() * shard, shard))
+        .backward();
+    const bool equal = buffers_equal_root();
+    o.expect(equal == (sync_buffers || n == 1), std::string("after a step the buffers ") +
+                                                    (equal ? "are" : "are not") +
+                                                    " rank 0's on every rank");
+    UNISON_CHECK_CASE(comm, label, o);
+}
+
+/// Misuse: a module that differs across ranks (sizes, or only shapes with the same
+/// element counts) is a mismatch_error naming the parameter, raised before anything
+/// moves; with unused_is_error a parameter without gradient makes backward throw an
+/// error naming it.
+template <communicator C>
+void torch_ddp_error_cases(C& comm) {
+    const auto rank = comm.rank();
+    outcome o;
+    if (comm.size() > 1) {
+        // Rank 1's first layer is 25 wide instead of 24.
+        auto model = std::make_shared<tm::mlp>(rank == 1 ? 25 : 24);
+        const at::Tensor before = model->fc2->weight.detach().clone();
+        try {
+            torch::ddp<C> dp(comm, model);
+            o.expect(false, "a module with other sizes on rank 1 was accepted");
+        } catch (const mismatch_error& e) {
+            const std::string what = e.what();
+            o.expect(what.find("fc1.weight") != std::string::npos &&
+                         what.find("ddp start") != std::string::npos,
+                     "the error names the first parameter that differs: " + what);
+        }
+        o.expect(model->fc2->weight.detach().equal(before), "nothing moved before the error");
+    }
+    {
+        auto model = tm::make(tm::kind::unused_head, at::kFloat, 9);
+        torch::ddp<C, policy::unused_is_error> dp(comm, model);
+        const tm::dataset data = tm::make_data(tm::kind::unused_head, at::kFloat, 4, 1);
+        try {
+            ::torch::nn::functional::cross_entropy(model->forward(data.x), data.y).backward();
+            o.expect(false, "backward without a gradient for spare.* did not throw");
+        } catch (const std::exception& e) {
+            const std::string what = e.what();
+            o.expect(what.find("spare.weight") != std::string::npos,
+                     "the error names the unused parameter: " + what);
+        }
+    }
+    {
+        try {
+            torch::ddp<C> dp(comm, std::shared_ptr<::torch::nn::Module>{});
+            o.expect(false, "a null module was accepted");
+        } catch (const argument_error& e) {
+            o.expect(std::string(e.what()).find("null") != std::string::npos,
+                     std::string("the error says the module is null: ") + e.what());
+        }
+    }
+    UNISON_CHECK_CASE(comm, "torch ddp misuse", o);
+}
+
+} // namespace unison::test
