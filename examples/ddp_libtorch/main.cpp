@@ -8,19 +8,18 @@
 // Every rank builds the model (with a different random initialization on purpose:
 // ddp.start() broadcasts rank 0's parameters), generates the same synthetic data
 // set, trains on its contiguous shard of every global batch and steps its own
-// optimizer on the averaged gradients, so all replicas stay equal. The gradients
-// are marked ready from autograd hooks, so each bucket's all-reduce starts while
-// backward is still computing the earlier layers.
+// optimizer on the averaged gradients, so all replicas stay equal. One line makes
+// the model data-parallel (unison::torch::ddp); forward, loss, backward and the
+// optimizer are LibTorch's own, and each bucket's all-reduce starts while backward
+// is still computing the earlier layers.
 //
 // With --check, rank 0 then trains an identical single-process copy of the model
 // on the whole global batches with the same optimizer and compares the per-step
 // losses and the final parameters; the exit status is non-zero if they differ.
 
-#include <unison/core/torch.hpp>
-#include <unison/ddp.hpp>
 #include <unison/mpi.hpp>
+#include <unison/torch.hpp>
 
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -144,48 +143,17 @@ int train(unison::mpi_communicator& comm, const settings& s) {
     torch::manual_seed(1234 + static_cast<std::uint64_t>(rank)); // ranks start out different
     torch::nn::Sequential model = make_model();
 
-    // --- unison: register the gradients, hook them to autograd, broadcast -------------
-    // The model is small (about 76k parameters, 300 KB), so the buckets are made
-    // small as well, to have several all-reduces overlap backward.
-    unison::ddp<unison::mpi_communicator> dp(
-        comm, {.bucket_bytes = 128 * 1024, .first_bucket_bytes = 64 * 1024});
-    std::vector<torch::Tensor> params;
-    std::vector<void*> registered; // where each gradient lived when registered
-    for (const auto& item : model->named_parameters()) {
-        torch::Tensor p = item.value();
-        p.mutable_grad() = torch::zeros_like(p); // a defined gradient to register
-        dp.add_parameter(p, p.mutable_grad(), item.key());
-        params.push_back(p);
-        registered.push_back(p.grad().data_ptr());
-    }
-    // Gradient i is final once autograd has accumulated it into p.grad: that is a
-    // post hook on p's AccumulateGrad node (as PyTorch's own reducer does). A tensor
-    // hook (p.register_hook) would fire before the accumulation, too early. The
-    // tensor holds its accumulator weakly, so keep it alive here, or the node, with
-    // the hook, is rebuilt at the next forward.
-    std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
-    int rebinds = 0;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-        accumulators.push_back(torch::autograd::impl::grad_accumulator(params[i]));
-        accumulators.back()->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [&, i](const torch::autograd::variable_list& outputs,
-                   const torch::autograd::variable_list& /*inputs*/) {
-                // Autograd accumulates in place into a defined gradient, and the loop
-                // zeroes it in place, so the storage should never move; if something
-                // did give p.grad new storage, point the reducer at it.
-                torch::Tensor& grad = params[i].mutable_grad();
-                if (grad.data_ptr() != registered[i]) {
-                    dp.reducer().rebind(i, grad);
-                    registered[i] = grad.data_ptr();
-                    ++rebinds;
-                }
-                dp.mark_ready(i);
-                return outputs;
-            }));
-    }
-    dp.start(); // rank 0's parameters on every rank
+    // --- unison: the model becomes data-parallel ----------------------------------------
+    // Collective: checks that every rank built the same model, copies rank 0's
+    // parameters to every rank and hooks each gradient into buckets that are
+    // all-reduced while backward runs; after loss.backward() every p.grad() holds the
+    // average over the ranks. The model is small (about 76k parameters, 300 KB), so
+    // the buckets are made small as well, to have several all-reduces overlap backward.
+    unison::torch::ddp<unison::mpi_communicator> dp(
+        comm, model, {.bucket_bytes = 128 * 1024, .first_bucket_bytes = 64 * 1024});
     // ---------------------------------------------------------------------------------
 
+    const std::vector<torch::Tensor> params = model->parameters();
     std::vector<torch::Tensor> initial;
     for (const torch::Tensor& p : params) {
         initial.push_back(p.detach().clone());
@@ -199,7 +167,7 @@ int train(unison::mpi_communicator& comm, const settings& s) {
         std::printf("ddp_libtorch: %d ranks, %lld parameters in %zu tensors, %zu buckets, global "
                     "batch %lld (%lld per rank), %s\n",
                     ranks, static_cast<long long>(count), params.size(),
-                    dp.reducer().bucket_count(), static_cast<long long>(s.batch),
+                    dp.engine().reducer().bucket_count(), static_cast<long long>(s.batch),
                     static_cast<long long>(shard), s.adam ? "Adam" : "SGD with momentum");
     }
 
@@ -208,17 +176,12 @@ int train(unison::mpi_communicator& comm, const settings& s) {
         const auto start = std::chrono::steady_clock::now();
         const std::int64_t first = batch_start(step, s.batch) + rank * shard;
 
-        // Zero the gradients in place (LibTorch 2's optimizer.zero_grad() would undefine
-        // them): the reducer reads and writes the storage it was given.
-        for (torch::Tensor& p : params) {
-            p.mutable_grad().zero_();
-        }
+        optimizer->zero_grad();
         // Each rank's loss is the mean over its shard; DDP averages over the ranks, so
         // the gradient is that of the mean over the global batch.
         const torch::Tensor loss = torch::nn::functional::cross_entropy(
             model->forward(data.x.narrow(0, first, shard)), data.y.narrow(0, first, shard));
-        loss.backward(); // the hooks call dp.mark_ready(i) as gradients become final
-        dp.finish();     // averaged gradients are in place
+        loss.backward(); // averaged gradients in place when it returns
         optimizer->step();
 
         // Logging: the global mean loss, all-reduced as a torch tensor.
@@ -233,8 +196,7 @@ int train(unison::mpi_communicator& comm, const settings& s) {
         }
     }
     if (rank == 0) {
-        std::printf("ddp_libtorch: loss %.6f -> %.6f; gradient storage %s\n", losses.front(),
-                    losses.back(), rebinds == 0 ? "never moved" : "moved, rebound");
+        std::printf("ddp_libtorch: loss %.6f -> %.6f\n", losses.front(), losses.back());
     }
     if (!s.check) {
         return 0;
