@@ -1,12 +1,13 @@
 #pragma once
 
-// The LibTorch suite: unison::torch::ddp of torch::nn modules against
+// The LibTorch suite: unison::torch::ddp and unison::torch::fsdp of torch::nn modules against
 // single-process LibTorch, written once over a backend fixture
 // (tests/support/backends.hpp) and registered for a backend by
 // UNISON_TORCH_SUITE(fixture) in its test file (tests/torch/).
 
 #include "../support/backends.hpp"
 #include "../torch/ddp_cases.hpp"
+#include "../torch/fsdp_cases.hpp"
 
 #include <doctest/doctest.h>
 
@@ -34,9 +35,27 @@ TEST_CASE_TEMPLATE_DEFINE("torch ddp: misuse is reported", Backend, torch_ddp_mi
     Backend::run([](auto& comm) { unison::test::torch_ddp_error_cases(comm); });
 }
 
+TEST_CASE_TEMPLATE_DEFINE("torch fsdp: sharded modules train as one process", Backend,
+                          torch_fsdp_training) {
+    UNISON_TORCH_ONE_THREAD();
+    Backend::run([](auto& comm) { unison::test::torch_fsdp_training_cases(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("torch fsdp: a unit used twice, an unused layer", Backend,
+                          torch_fsdp_units) {
+    UNISON_TORCH_ONE_THREAD();
+    Backend::run([](auto& comm) { unison::test::torch_fsdp_unit_cases(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("torch fsdp: misuse is reported", Backend, torch_fsdp_misuse) {
+    UNISON_TORCH_ONE_THREAD();
+    Backend::run([](auto& comm) { unison::test::torch_fsdp_error_cases(comm); });
+}
+
 /// Registers every test case of the LibTorch suite for backend fixture `Backend`.
 #define UNISON_TORCH_SUITE(Backend)                                                                \
     TEST_CASE_TEMPLATE_INVOKE(torch_ddp_training, Backend);                                        \
     TEST_CASE_TEMPLATE_INVOKE(torch_ddp_accumulation, Backend);                                    \
     TEST_CASE_TEMPLATE_INVOKE(torch_ddp_buffers, Backend);                                         \
-    TEST_CASE_TEMPLATE_INVOKE(torch_ddp_misuse, Backend)
+    TEST_CASE_TEMPLATE_INVOKE(torch_ddp_misuse, Backend);                                          \
+    TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_training, Backend);                                       \
+    TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_units, Backend);                                          \
+    TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_misuse, Backend)

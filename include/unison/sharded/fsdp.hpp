@@ -51,6 +51,7 @@
 #include "unison/sharded/partitioned_optimizer.hpp"
 #include "unison/sharded/sharded_parameters.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <functional>
@@ -348,13 +349,15 @@ public:
     /// the gathered parameters.
     void after_backward(const unit_handle& u) {
         const std::size_t k = leave(u, "after_backward", phase::backward);
-        unit_state& s = units_[k];
-        ++s.backwards;
-        if (s.backwards >= s.uses && !s.reduced) {
-            s.reduced = true;
-            params_.reduce_gradients(k);
-        }
-        release(k, pass::backward);
+        end_backward(k, units_[k].backwards + 1);
+    }
+    /// after_backward for a framework whose one backward covers every forward use of
+    /// the unit (autograd sums a parameter's gradient over all its uses before the
+    /// parameter's hook runs): leaves the unit's backward and starts the reduction
+    /// however many forward uses there were.
+    void complete_backward(const unit_handle& u) {
+        const std::size_t k = leave(u, "complete_backward", phase::backward);
+        end_backward(k, std::max(units_[k].backwards + 1, units_[k].uses));
     }
 
     /// Frees every gathered unit outside a scope: after evaluation forwards with a
@@ -596,6 +599,18 @@ private:
         s.active = phase::none;
         return k;
     }
+    /// Records `backwards` backward exits of unit k; the reduction starts once they
+    /// cover its forward uses.
+    void end_backward(std::size_t k, int backwards) {
+        unit_state& s = units_[k];
+        s.backwards = backwards;
+        if (s.backwards >= s.uses && !s.reduced) {
+            s.reduced = true;
+            params_.reduce_gradients(k);
+        }
+        release(k, pass::backward);
+    }
+
     /// Leaves a scope during stack unwinding: memory only, no collective.
     void abandon(const unit_handle& u) noexcept {
         try {

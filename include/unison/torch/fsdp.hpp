@@ -1,0 +1,648 @@
+#pragma once
+
+/// \file
+/// `unison::torch::fsdp`: fully sharded data parallelism (and ZeRO) for a
+/// `torch::nn::Module`, on the sharding engine `unison::fsdp`. The user names the
+/// units (submodules gathered together, e.g. each transformer block; what is left
+/// over is the root unit) and runs each unit's forward through `unit_forward`;
+/// forward and backward are otherwise plain LibTorch code under autograd:
+///
+///     // in the model's forward (a no-op wrapper when no engine runs the block):
+///     for (auto& block : blocks) {
+///         h = unison::torch::unit_forward(*block, [&] { return block->forward(h); });
+///     }
+///     // training:
+///     unison::torch::fsdp<Comm, unison::policy::shard::full> engine(
+///         comm, model, {block0.ptr(), block1.ptr()}, {.optimizer = {.lr = 1e-3}});
+///     for (auto& batch : my_shard_of_the_data) {
+///         auto loss = cross_entropy(engine.forward([&] { return model->forward(x); }), y);
+///         loss.backward();  // each unit regathered, its gradients reduce-scattered
+///         engine.step();    // clip, AdamW on this rank's shard, zero the gradients
+///     }
+///     engine.save_full("model.pt"); // torch::load(plain_model, "model.pt") reads it
+///
+/// Construction is collective: it checks that every rank built the same module
+/// (the first parameter that differs is named in a mismatch_error before anything
+/// moves), copies rank 0's parameters and buffers to every rank, and hands the
+/// parameters to the engine: from then on each parameter's storage is the engine's
+/// memory, pointed at the gathered values inside the unit's forward and backward
+/// and empty outside them (with strategies that shard parameters). Reading a
+/// sharded parameter outside its unit is not possible; `full_state_dict()` and
+/// `save_full()` give the full values.
+///
+/// Forward: entering a unit gathers its parameters (prefetching the next units)
+/// and points the module's parameters at them; leaving it releases them (when the
+/// strategy reshards after forward) and hooks the unit's outputs. Backward: the
+/// first gradient that reaches one of the unit's outputs regathers the unit and
+/// points each `p.grad()` at the gradient memory that autograd accumulates into;
+/// once every parameter of the unit has its gradient (a post hook on each
+/// AccumulateGrad node), the unit's gradients are reduce-scattered and its
+/// parameters released. A unit run k times in one forward is regathered once in
+/// backward: autograd sums each parameter's gradient over the k uses before its
+/// hook runs. Parameters of a unit that get no gradient in a backward are reduced
+/// as zero when backward ends (autograd's final callback); units whose forward did
+/// not reach the loss, in step().
+///
+/// A parameter must be used only inside its unit's forward (a parameter shared
+/// with another unit belongs in their common parent). Parameters without
+/// `requires_grad` stay the module's own (broadcast at construction, never
+/// sharded). CPU tensors of the engine's parameter dtype; one object per rank.
+
+#include "unison/comm/communicator.hpp"
+#include "unison/core/detail/hash.hpp"
+#include "unison/core/error.hpp"
+#include "unison/core/torch.hpp"
+#include "unison/parallel/detail/control.hpp"
+#include "unison/sharded/fsdp.hpp"
+
+#include <c10/core/Storage.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/ordered_dict.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace unison::torch {
+
+namespace detail {
+
+/// What runs a module's forward as a unit: an fsdp engine.
+class unit_runner {
+public:
+    virtual void enter_forward(std::size_t unit) = 0;
+    virtual void leave_forward(std::size_t unit) = 0;
+    virtual void abandon_forward(std::size_t unit) noexcept = 0;
+    virtual void hook_output(std::size_t unit, const at::Tensor& output) = 0;
+
+protected:
+    ~unit_runner() = default;
+};
+
+struct unit_entry {
+    unit_runner* runner = nullptr;
+    std::size_t unit = 0;
+};
+
+/// Which module is a unit of which engine (engines of several ranks' models can
+/// live in one process: the thread backend).
+class unit_registry {
+public:
+    static unit_registry& instance() {
+        static unit_registry r;
+        return r;
+    }
+    unit_entry find(const ::torch::nn::Module* m) {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        const auto it = units_.find(m);
+        return it == units_.end() ? unit_entry{} : it->second;
+    }
+    bool add(const ::torch::nn::Module* m, unit_entry e) {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        return units_.emplace(m, e).second;
+    }
+    void remove(const ::torch::nn::Module* m) {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        units_.erase(m);
+    }
+
+private:
+    std::mutex mutex_;
+    std::unordered_map<const ::torch::nn::Module*, unit_entry> units_;
+};
+
+/// Hooks every tensor of a unit's forward result: a tensor, a vector of them, or a
+/// tuple or pair of those.
+inline void hook_outputs(const unit_entry& e, const at::Tensor& t) {
+    if (t.defined() && t.requires_grad()) {
+        e.runner->hook_output(e.unit, t);
+    }
+}
+inline void hook_outputs(const unit_entry& e, const std::vector<at::Tensor>& ts) {
+    for (const at::Tensor& t : ts) {
+        hook_outputs(e, t);
+    }
+}
+template <class... Ts>
+void hook_outputs(const unit_entry& e, const std::tuple<Ts...>& ts) {
+    std::apply([&](const auto&... t) { (hook_outputs(e, t), ...); }, ts);
+}
+template <class A, class B>
+void hook_outputs(const unit_entry& e, const std::pair<A, B>& p) {
+    hook_outputs(e, p.first);
+    hook_outputs(e, p.second);
+}
+
+template <class T>
+concept unit_output = requires(const unit_entry& e, const T& t) {
+    hook_outputs(e, t);
+};
+
+/// Points storage `s` at `bytes` bytes from `p` (nothing: nullptr, 0).
+inline void point(c10::Storage& s, void* p, std::size_t bytes) {
+    c10::StorageImpl* impl = s.unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(c10::DataPtr(p, c10::Device(c10::DeviceType::CPU)));
+    impl->set_nbytes(bytes);
+}
+
+/// A storage that owns nothing; point() moves it.
+inline c10::Storage unowned_storage() {
+    return c10::Storage(c10::Storage::use_byte_size_t(), std::size_t{0},
+                        c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)), nullptr, false);
+}
+
+/// A contiguous CPU tensor of `shape` and `type` on storage `s`.
+inline at::Tensor tensor_on(const c10::Storage& s, c10::IntArrayRef shape, caffe2::TypeMeta type) {
+    auto impl = c10::make_intrusive<c10::TensorImpl>(
+        c10::Storage(s), c10::DispatchKeySet(c10::DispatchKey::CPU), type);
+    impl->set_sizes_contiguous(shape);
+    return at::Tensor(std::move(impl));
+}
+
+} // namespace detail
+
+/// Runs `f` (a unit's forward: returns a tensor, a vector of tensors, or a tuple or
+/// pair of those) as unit `module` of the engine it belongs to, or just runs it
+/// when `module` is no engine's unit. Put it around each unit's forward call.
+template <class F>
+auto unit_forward(::torch::nn::Module& module, F&& f)
+    -> std::remove_cvref_t<std::invoke_result_t<F&>> {
+    using result = std::invoke_result_t<F&>;
+    static_assert(detail::unit_output<std::remove_cvref_t<result>>,
+                  "unison::torch::unit_forward: the unit's forward must return a tensor, a "
+                  "std::vector of tensors, or a std::tuple or std::pair of those");
+    const detail::unit_entry e = detail::unit_registry::instance().find(&module);
+    if (e.runner == nullptr) {
+        return std::invoke(f);
+    }
+    e.runner->enter_forward(e.unit);
+    struct leave {
+        const detail::unit_entry& e;
+        int exceptions = std::uncaught_exceptions();
+        bool hooked = false;
+        ~leave() noexcept(false) {
+            if (std::uncaught_exceptions() > exceptions || !hooked) {
+                e.runner->abandon_forward(e.unit);
+            } else {
+                e.runner->leave_forward(e.unit);
+            }
+        }
+    } scope{e};
+    std::remove_cvref_t<result> out = std::invoke(f);
+    detail::hook_outputs(e, out);
+    scope.hooked = true;
+    return out;
+}
+
+/// FSDP / ZeRO of one `torch::nn::Module` over communicator `C`, assembled from the
+/// policies of `unison::fsdp` (strategy, precision, optimizer type). Keeps the
+/// module alive; neither copyable nor movable (autograd hooks point at it).
+template <communicator C, class... Policies>
+class fsdp final : private detail::unit_runner {
+public:
+    using engine_type = unison::fsdp<C, Policies...>;
+    using options_type = typename engine_type::options_type;
+    using value_type = typename engine_type::value_type;
+
+    /// Collective (see the file comment). `units` are submodules of `model`, each
+    /// gathered as a whole (a unit inside another takes its own parameters); the
+    /// parameters in none of them form the root unit, run by forward().
+    fsdp(C& comm, std::shared_ptr<::torch::nn::Module> model,
+         std::vector<std::shared_ptr<::torch::nn::Module>> units, options_type options = {})
+        : model_(std::move(model)), engine_(comm, std::move(options)) {
+        if (!model_) {
+            fail("the module is null");
+        }
+        collect(units);
+        synchronize_module();
+        register_units();
+        engine_.start();
+        attach();
+    }
+    template <class M>
+    fsdp(C& comm, const ::torch::nn::ModuleHolder<M>& model,
+         std::vector<std::shared_ptr<::torch::nn::Module>> units, options_type options = {})
+        : fsdp(comm, std::static_pointer_cast<::torch::nn::Module>(model.ptr()), std::move(units),
+               std::move(options)) {}
+
+    fsdp(const fsdp&) = delete;
+    fsdp& operator=(const fsdp&) = delete;
+
+    /// Removes the hooks and the units. The parameters keep the values they hold:
+    /// with a strategy that shards them that is none (their shape becomes [0]), so
+    /// take the trained values first (full_state_dict, save_full).
+    ~fsdp() {
+        detached_ = true;
+        for (unit_info& u : units_) {
+            if (u.module != nullptr) {
+                detail::unit_registry::instance().remove(u.module);
+            }
+        }
+        for (slot& s : slots_) {
+            if (s.accumulator) {
+                s.accumulator->del_post_hook(s.hook_key);
+            }
+            try {
+                if (s.value.data() != nullptr) { // resident: the module keeps its values
+                    s.param.set_data(s.param.detach().clone());
+                }
+                s.param.mutable_grad() = at::Tensor();
+            } catch (...) { // a destructor must not throw; the module is being torn down
+            }
+        }
+    }
+
+    /// Runs the model's forward `f` inside the root unit (gathering the parameters
+    /// no other unit owns); the units' forwards inside it go through unit_forward.
+    template <class F>
+    auto forward(F&& f) {
+        return unit_forward(*model_, std::forward<F>(f));
+    }
+
+    /// Ends the iteration: unison::fsdp::step (reductions completed, clipping, the
+    /// optimizer on this rank's shard, the gradients zeroed). Collective.
+    step_result step() { return engine_.step(); }
+
+    /// Collective: every parameter's full values (and the buffers), keyed as the
+    /// module's named_parameters() / named_buffers(), in host memory of its own.
+    ::torch::OrderedDict<std::string, at::Tensor> full_state_dict() {
+        ::torch::OrderedDict<std::string, at::Tensor> out;
+        for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+            out.insert(item.key(), full_value(item.value()));
+        }
+        for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
+            out.insert(item.key(), item.value().detach().clone());
+        }
+        return out;
+    }
+
+    /// Collective: rank `root` writes the full model with LibTorch's serializer
+    /// (`torch::save(module, path)`'s format), so a plain module of the same class
+    /// reads it with `torch::load(module, path)`.
+    void save_full(const std::string& path, int root = 0) {
+        std::vector<at::Tensor> full;
+        full.reserve(slots_.size());
+        for (slot& s : slots_) {
+            full.push_back(full_value(s.param));
+        }
+        if (engine_.communicator().rank() != root) {
+            return;
+        }
+        // The module's own serializer, with its parameters pointed at the full values
+        // for the duration (and back at the engine's memory afterwards).
+        struct restore {
+            fsdp& f;
+            ~restore() {
+                for (slot& s : f.slots_) {
+                    f.show(s);
+                }
+            }
+        } guard{*this};
+        for (std::size_t i = 0; i < slots_.size(); ++i) {
+            slots_[i].param.set_data(full[i]);
+        }
+        ::torch::save(model_, path);
+    }
+
+    ::torch::nn::Module& module() noexcept { return *model_; }
+    engine_type& engine() noexcept { return engine_; }
+    C& communicator() noexcept { return engine_.communicator(); }
+    /// The units in registration order: the root (when it has parameters) first.
+    std::size_t unit_count() const noexcept { return units_.size(); }
+
+private:
+    /// A trainable parameter handed to the engine.
+    struct slot {
+        at::Tensor param; ///< the module's parameter (the tensor the module holds)
+        std::string name; ///< its name in the module
+        std::vector<std::int64_t> shape;
+        std::size_t unit;   ///< index into units_
+        c10::Storage value; ///< the parameter's storage: the engine's memory when bound
+        c10::Storage grad;  ///< its gradient's storage, bound inside backward
+        std::shared_ptr<::torch::autograd::Node> accumulator;
+        std::uintptr_t hook_key = 0;
+        parameter_handle handle;
+    };
+    struct unit_info {
+        const ::torch::nn::Module* module = nullptr;
+        std::string name;
+        std::vector<std::size_t> slots;
+        unit_handle handle;
+        std::size_t ready = 0; ///< gradients accumulated in this backward
+        bool in_backward = false;
+    };
+
+    [[noreturn]] void fail(const std::string& detail) {
+        throw argument_error(engine_.communicator().rank(), "torch::fsdp", detail);
+    }
+
+    /// Assigns every trainable parameter to the innermost unit that holds it.
+    void collect(const std::vector<std::shared_ptr<::torch::nn::Module>>& units) {
+        std::unordered_map<const c10::TensorImpl*, std::string> names;
+        for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+            if (!names.emplace(item.value().unsafeGetTensorImpl(), item.key()).second) {
+                fail("parameter '" + item.key() + "' is the same tensor as '" +
+                     names.at(item.value().unsafeGetTensorImpl()) +
+                     "' (tied weights): give them one owner");
+            }
+        }
+        // Innermost first: a unit nested in another takes its own parameters.
+        std::vector<std::size_t> order(units.size());
+        for (std::size_t i = 0; i < order.size(); ++i) {
+            order[i] = i;
+            if (!units[i]) {
+                fail("unit #" + std::to_string(i) + " is a null module");
+            }
+        }
+        std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+            return units[a]->parameters().size() < units[b]->parameters().size();
+        });
+        std::unordered_map<const c10::TensorImpl*, std::size_t> owner; // -> units_ index
+        units_.resize(units.size() + 1);                               // [0]: the root
+        units_[0].module = model_.get();
+        units_[0].name = "root";
+        for (const std::size_t i : order) {
+            unit_info& u = units_[i + 1];
+            u.module = units[i].get();
+            for (const at::Tensor& p : units[i]->parameters()) {
+                const auto it = names.find(p.unsafeGetTensorImpl());
+                if (it == names.end()) {
+                    fail("unit #" + std::to_string(i) + " (" + units[i]->name() +
+                         ") is not a submodule of the model");
+                }
+                owner.emplace(p.unsafeGetTensorImpl(), i + 1);
+            }
+            if (units[i].get() == model_.get()) {
+                fail("unit #" + std::to_string(i) + " is the model itself: it is the root unit");
+            }
+        }
+        for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+            const at::Tensor& p = item.value();
+            if (!p.requires_grad()) {
+                frozen_.push_back(p);
+                continue;
+            }
+            if (!p.device().is_cpu() || !p.is_contiguous() ||
+                p.scalar_type() != torch_dtype(dtype_of<value_type>)) {
+                fail("parameter '" + item.key() + "' is " +
+                     std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() +
+                     (p.is_contiguous() ? "" : ", not contiguous") +
+                     "; this engine takes contiguous CPU " +
+                     std::string(c10::toString(torch_dtype(dtype_of<value_type>))) +
+                     " parameters (convert the module first)");
+            }
+            const auto it = owner.find(p.unsafeGetTensorImpl());
+            const std::size_t u = it == owner.end() ? 0 : it->second;
+            units_[u].slots.push_back(slots_.size());
+            slots_.push_back(slot{p,
+                                  item.key(),
+                                  p.sizes().vec(),
+                                  u,
+                                  detail::unowned_storage(),
+                                  detail::unowned_storage(),
+                                  nullptr,
+                                  0,
+                                  {}});
+        }
+        for (std::size_t u = 1; u < units_.size(); ++u) {
+            units_[u].name = "unit #" + std::to_string(u - 1);
+            if (units_[u].slots.empty()) {
+                fail(units_[u].name + " (" + units[u - 1]->name() +
+                     ") has no trainable parameters of its own");
+            }
+        }
+    }
+
+    /// Checks that every rank built the same module, then copies rank 0's parameters
+    /// and buffers to every rank (PyTorch FSDP's sync_module_states).
+    void synchronize_module() {
+        C& comm = engine_.communicator();
+        std::vector<at::Tensor> states;
+        std::vector<std::string> labels;
+        std::vector<std::uint64_t> hashes;
+        auto add = [&](const std::string& kind, const std::string& name, const at::Tensor& t) {
+            std::uint64_t h = unison::detail::fnv1a64(name.data(), name.size());
+            const std::int64_t type = static_cast<std::int64_t>(t.scalar_type());
+            h = unison::detail::fnv1a64(&type, sizeof type, h);
+            for (const std::int64_t d : t.sizes()) {
+                h = unison::detail::fnv1a64(&d, sizeof d, h);
+            }
+            hashes.push_back(h);
+            labels.push_back(kind + " '" + name + "' " + c10::str(t.sizes()) + " " +
+                             c10::toString(t.scalar_type()));
+            states.push_back(t);
+        };
+        for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+            add("parameter", item.key(), item.value());
+        }
+        for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
+            if (item.value().defined()) {
+                add("buffer", item.key(), item.value());
+            }
+        }
+        unison::detail::verify_same_entries(
+            comm, unison::detail::placement{}, hashes, [&](std::size_t k) { return labels[k]; },
+            {"torch::fsdp", "built", "parameters and buffers", "of different shapes or dtypes",
+             "every rank must build the same module (names, shapes and dtypes)"});
+        ::torch::NoGradGuard no_grad;
+        for (at::Tensor& t : states) {
+            at::Tensor d = t.detach();
+            broadcast(comm, d, 0);
+        }
+    }
+
+    void register_units() {
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            if (units_[u].slots.empty()) {
+                continue; // a root without parameters of its own: forward() just runs
+            }
+            std::vector<typename engine_type::parameter> params;
+            params.reserve(units_[u].slots.size());
+            for (const std::size_t i : units_[u].slots) {
+                params.emplace_back(
+                    slots_[i].name, slots_[i].param,
+                    [this, i](view<value_type> v, view<value_type> g) { bind(slots_[i], v, g); });
+            }
+            units_[u].handle = engine_.add_unit(params);
+            for (std::size_t j = 0; j < units_[u].slots.size(); ++j) {
+                slots_[units_[u].slots[j]].handle = units_[u].handle[j];
+            }
+        }
+        // The engine has the values now; the parameters follow its memory (start()
+        // binds those that stay resident). Each parameter's AccumulateGrad node is
+        // made first: it records the parameter's shape, which must be the real one.
+        for (slot& s : slots_) {
+            s.accumulator = ::torch::autograd::impl::grad_accumulator(s.param);
+            if (!s.accumulator) {
+                fail("parameter '" + s.name + "' has no gradient accumulator");
+            }
+            show(s);
+        }
+    }
+
+    /// The engine's binder: points parameter s at values `v` and, inside backward,
+    /// its gradient at `g` (empty views: released).
+    void bind(slot& s, view<value_type> v, view<value_type> g) {
+        if (detached_) {
+            return;
+        }
+        detail::point(s.value, v.data, v.size * sizeof(value_type));
+        detail::point(s.grad, g.data, g.size * sizeof(value_type));
+        show(s);
+    }
+
+    /// Makes parameter s show what its storages hold: its values in the engine's
+    /// memory, or shape [0] when released (so that using it outside its unit is a
+    /// shape error, not a read of freed memory); its gradient the engine's gradient
+    /// memory inside backward, undefined outside (so that a gradient produced outside
+    /// the unit's backward cannot land in the engine's memory unnoticed).
+    void show(slot& s) {
+        if (s.value.data() != nullptr) {
+            s.param.set_data(detail::tensor_on(s.value, s.shape, s.param.dtype()));
+        } else {
+            s.param.set_data(at::empty({0}, s.param.options().requires_grad(false)));
+        }
+        if (s.grad.data() != nullptr) {
+            s.param.mutable_grad() = detail::tensor_on(s.grad, s.shape, s.param.dtype());
+        } else {
+            s.param.mutable_grad() = at::Tensor();
+        }
+    }
+
+    void attach() {
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            if (units_[u].slots.empty()) {
+                continue;
+            }
+            if (!detail::unit_registry::instance().add(units_[u].module,
+                                                       detail::unit_entry{this, u})) {
+                units_[u].module = nullptr; // not ours to remove
+                fail(units_[u].name + " is a unit of another engine already");
+            }
+        }
+        for (std::size_t i = 0; i < slots_.size(); ++i) {
+            slot& s = slots_[i];
+            s.hook_key = s.accumulator->add_post_hook(
+                std::make_unique<::torch::autograd::utils::LambdaPostHook>(
+                    [this, i](const ::torch::autograd::variable_list& outputs,
+                              const ::torch::autograd::variable_list&) {
+                        gradient_ready(i);
+                        return outputs;
+                    }));
+        }
+    }
+
+    // ------------------------------------------------------------ unit_runner
+
+    void enter_forward(std::size_t u) override { engine_.before_forward(units_[u].handle); }
+    void leave_forward(std::size_t u) override { engine_.after_forward(units_[u].handle); }
+    void abandon_forward(std::size_t u) noexcept override {
+        try {
+            engine_.after_forward(units_[u].handle);
+        } catch (...) { // already failing: the first error is the one to report
+        }
+    }
+    void hook_output(std::size_t u, const at::Tensor& output) override {
+        output.register_hook([this, u](const at::Tensor& grad) {
+            enter_backward(u);
+            return grad;
+        });
+    }
+
+    // -------------------------------------------------------------- backward
+
+    /// The first gradient reaching one of unit u's outputs: gather it for backward.
+    void enter_backward(std::size_t u) {
+        unit_info& info = units_[u];
+        if (info.in_backward) {
+            return;
+        }
+        if (!callback_queued_) {
+            callback_queued_ = true;
+            ::torch::autograd::Engine::get_default_engine().queue_callback(
+                [this] { end_backward(); });
+        }
+        engine_.before_backward(info.handle);
+        info.in_backward = true;
+        info.ready = 0;
+    }
+
+    /// Autograd has accumulated parameter i's gradient for this backward.
+    void gradient_ready(std::size_t i) {
+        unit_info& info = units_[slots_[i].unit];
+        if (!info.in_backward) {
+            fail("parameter '" + slots_[i].name + "' got its gradient outside the backward of " +
+                 info.name +
+                 ": a parameter must be used only inside its unit's forward (through "
+                 "unit_forward)");
+        }
+        if (++info.ready == info.slots.size()) {
+            complete(slots_[i].unit);
+        }
+    }
+
+    /// Every gradient of unit u is in: reduce-scatter them and release the unit.
+    void complete(std::size_t u) {
+        unit_info& info = units_[u];
+        info.in_backward = false;
+        engine_.complete_backward(info.handle);
+        for (const std::size_t i : info.slots) { // the engine owns the gradients from here
+            detail::point(slots_[i].grad, nullptr, 0);
+            show(slots_[i]);
+        }
+    }
+
+    /// Autograd's final callback: units with parameters that got no gradient.
+    void end_backward() {
+        callback_queued_ = false;
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            if (units_[u].in_backward) {
+                complete(u);
+            }
+        }
+    }
+
+    /// Parameter `p`'s full values in a tensor of its own (collective for sharded
+    /// parameters of a unit that is not gathered).
+    at::Tensor full_value(const at::Tensor& p) {
+        for (slot& s : slots_) {
+            if (s.param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
+                at::Tensor out = at::empty(s.shape, s.param.options().requires_grad(false));
+                engine_.copy_full(s.handle, out);
+                return out;
+            }
+        }
+        return p.detach().clone(); // frozen: the module's own
+    }
+
+    // The engine is declared after the slots: it is destroyed first, and its
+    // destructor may still call the binders, which point the slots' storages.
+    std::shared_ptr<::torch::nn::Module> model_;
+    std::vector<slot> slots_;
+    std::vector<unit_info> units_;
+    std::vector<at::Tensor> frozen_;
+    engine_type engine_;
+    bool callback_queued_ = false;
+    bool detached_ = false; ///< destroying: the module no longer follows the engine
+};
+
+} // namespace unison::torch

@@ -1,0 +1,208 @@
+#pragma once
+
+// unison::torch::fsdp against single-process LibTorch. Every rank builds a stack
+// (an input layer and a head around blocks, each block a unit) from its own seed
+// (construction must broadcast rank 0's parameters) and trains on its share of
+// every global batch; every rank also trains a reference copy from rank 0's seed
+// on the whole batch with torch::optim::AdamW. After every step the engine's full
+// parameters are compared with the reference's; at the end the full model saved
+// with save_full is loaded into a plain module and gives the reference's loss.
+
+#include "../collectives/cases.hpp"
+#include "../sharded/accounting.hpp"
+#include "ddp_cases.hpp"
+#include "models.hpp"
+
+#include <unison/torch.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace unison::test {
+
+/// The engine options of a case at this world size (hybrid: two shard groups
+/// where the ranks split evenly). The learning rate is the reference AdamW's.
+template <class Engine>
+typename Engine::options_type torch_fsdp_options(int ranks) {
+    return {.optimizer = {.lr = 1e-2}, .shard_group_size = hybrid_group(ranks)};
+}
+
+/// FSDP of a stack of `Block`s with `Policies` against single-process AdamW: every
+/// parameter within `tol` after every step, and the saved full model equal to the
+/// reference.
+template <class Block, class... Policies, communicator C>
+void torch_fsdp_case(C& comm, tm::stacking how, c10::ScalarType dtype, double tol,
+                     const std::string& what) {
+    using engine_type = torch::fsdp<C, Policies...>;
+    const std::string label = what + ", " + c10::toString(dtype);
+    CAPTURE(label);
+    const auto n = comm.size();
+    const auto rank = comm.rank();
+    const std::int64_t shard = torch_global_batch / n;
+    const tm::dataset data =
+        tm::make_data(tm::stack_input_width<Block>(), dtype, torch_global_batch * torch_steps, 11);
+
+    auto model = tm::make_stack<Block>(how, dtype, 100 + static_cast<std::uint64_t>(rank));
+    auto reference = tm::make_stack<Block>(how, dtype, 100);
+    engine_type engine(comm, model, model->units(), torch_fsdp_options<engine_type>(n));
+    tm::zero_gradients(*reference);
+    auto ref_opt = adamw(reference->parameters());
+
+    outcome o;
+    o.expect(engine.unit_count() == model->blocks.size() + 1,
+             "a unit per block and the root: " + std::to_string(engine.unit_count()));
+    for (int step = 0; step < torch_steps && o.first.empty(); ++step) {
+        const std::int64_t base = step * torch_global_batch;
+        const at::Tensor x = data.x.narrow(0, base + rank * shard, shard);
+        const at::Tensor y = data.y.narrow(0, base + rank * shard, shard);
+        const at::Tensor loss = ::torch::nn::functional::cross_entropy(
+            engine.forward([&] { return model->forward(x); }), y);
+        loss.backward();
+        engine.step();
+
+        ref_opt.zero_grad();
+        ::torch::nn::functional::cross_entropy(
+            reference->forward(data.x.narrow(0, base, torch_global_batch)),
+            data.y.narrow(0, base, torch_global_batch))
+            .backward();
+        ref_opt.step();
+
+        const auto state = engine.full_state_dict();
+        for (const auto& item : reference->named_parameters()) {
+            const at::Tensor* got = state.find(item.key());
+            if (got == nullptr) {
+                o.expect(false, "full_state_dict has no '" + item.key() + "'");
+                continue;
+            }
+            const double err = tm::relative_error(*got, item.value().detach());
+            o.expect(err <= tol, [&] {
+                return "step " + std::to_string(step) + " parameter " + item.key() +
+                       " relative error " + std::to_string(err);
+            });
+        }
+    }
+
+    // The full model, saved by rank 0 in LibTorch's format, loads into a plain
+    // module (no engine) and computes the reference's loss.
+    const std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("unison-torch-fsdp-" + std::to_string(n) + "-" +
+                                                  std::to_string(engine.unit_count()) + ".pt");
+    engine.save_full(path.string());
+    std::vector<int> sync{1};
+    all_reduce(comm, sync); // the file is complete before anyone reads it
+    auto plain = tm::make_stack<Block>(how, dtype, 999);
+    ::torch::load(plain, path.string());
+    all_reduce(comm, sync); // everyone has read it before rank 0 removes it
+    if (rank == 0) {
+        std::filesystem::remove(path);
+    }
+    const at::Tensor x = data.x.narrow(0, 0, torch_global_batch);
+    const at::Tensor y = data.y.narrow(0, 0, torch_global_batch);
+    const double got =
+        ::torch::nn::functional::cross_entropy(plain->forward(x), y).template item<double>();
+    const double want =
+        ::torch::nn::functional::cross_entropy(reference->forward(x), y).template item<double>();
+    o.expect(std::abs(got - want) <= tol * std::abs(want) * 10, [&] {
+        return "the saved model's loss " + std::to_string(got) + ", the reference's " +
+               std::to_string(want);
+    });
+    UNISON_CHECK_CASE(comm, label, o);
+}
+
+template <communicator C>
+void torch_fsdp_training_cases(C& comm) {
+    using namespace unison::policy;
+    using tm::attention;
+    using tm::ffn;
+    using tm::stacking;
+    using f64 = mixed_precision<dtype::f64>;
+    torch_fsdp_case<ffn, shard::full>(comm, stacking::plain, at::kFloat, 1e-6, "ffn, full");
+    torch_fsdp_case<ffn, shard::full, f64>(comm, stacking::plain, at::kDouble, 1e-12, "ffn, full");
+    torch_fsdp_case<ffn, shard::grad_op, f64>(comm, stacking::plain, at::kDouble, 1e-12,
+                                              "ffn, grad_op");
+    torch_fsdp_case<ffn, shard::hybrid, f64>(comm, stacking::plain, at::kDouble, 1e-12,
+                                             "ffn, hybrid");
+    torch_fsdp_case<ffn, zero<1>, f64>(comm, stacking::plain, at::kDouble, 1e-12, "ffn, zero<1>");
+    torch_fsdp_case<ffn, zero<2>, f64>(comm, stacking::plain, at::kDouble, 1e-12, "ffn, zero<2>");
+    torch_fsdp_case<attention, shard::full>(comm, stacking::plain, at::kFloat, 1e-6,
+                                            "transformer blocks, full");
+    torch_fsdp_case<attention, shard::grad_op, f64>(comm, stacking::plain, at::kDouble, 1e-12,
+                                                    "transformer blocks, grad_op");
+    torch_fsdp_case<attention, shard::hybrid>(comm, stacking::plain, at::kFloat, 1e-6,
+                                              "transformer blocks, hybrid");
+}
+
+template <communicator C>
+void torch_fsdp_unit_cases(C& comm) {
+    using namespace unison::policy;
+    using tm::ffn;
+    using tm::stacking;
+    using f64 = mixed_precision<dtype::f64>;
+    // A unit run twice in one forward, under each strategy's resharding.
+    torch_fsdp_case<ffn, shard::full, f64>(comm, stacking::reuse_first, at::kDouble, 1e-12,
+                                           "ffn, block 0 twice, full");
+    torch_fsdp_case<ffn, shard::grad_op, f64>(comm, stacking::reuse_first, at::kDouble, 1e-12,
+                                              "ffn, block 0 twice, grad_op");
+    // A layer forward never uses: reduced as zero, updated by AdamW's weight decay as
+    // the reference's zero gradient is.
+    torch_fsdp_case<ffn, shard::full, f64>(comm, stacking::spare, at::kDouble, 1e-12,
+                                           "ffn, an unused layer, full");
+}
+
+/// Misuse: a model that differs across ranks is a mismatch_error before anything
+/// moves; a parameter used outside its unit is an error naming it; a unit that is
+/// not a submodule, and one given twice to two engines, are refused.
+template <communicator C>
+void torch_fsdp_error_cases(C& comm) {
+    using tm::ffn;
+    using tm::stacking;
+    using engine_type = torch::fsdp<C, policy::shard::full>;
+    const auto rank = comm.rank();
+    outcome o;
+    if (comm.size() > 1) {
+        auto model =
+            tm::make_stack<ffn>(rank == 1 ? stacking::spare : stacking::plain, at::kFloat, 3);
+        const at::Tensor before = model->head->weight.detach().clone();
+        try {
+            engine_type engine(comm, model, model->units(), {});
+            o.expect(false, "a model with an extra layer on rank 1 was accepted");
+        } catch (const mismatch_error& e) {
+            o.expect(std::string(e.what()).find("torch::fsdp") != std::string::npos,
+                     std::string("the error names the operation: ") + e.what());
+        }
+        o.expect(model->head->weight.detach().equal(before), "nothing moved before the error");
+    }
+    {
+        // The forward calls block 0 directly, outside unit_forward: its parameters
+        // are released there (shape [0]), so the forward fails with a shape error
+        // instead of reading freed memory.
+        auto model = tm::make_stack<ffn>(stacking::plain, at::kFloat, 3);
+        engine_type engine(comm, model, model->units(), {});
+        const at::Tensor x = at::ones({2, tm::features});
+        bool threw = false;
+        try {
+            engine.forward([&] { return model->blocks[0]->forward(model->stem(x)); });
+        } catch (const std::exception&) {
+            threw = true;
+        }
+        o.expect(threw, "a released parameter used outside its unit did not fail");
+    }
+    {
+        auto model = tm::make_stack<ffn>(stacking::plain, at::kFloat, 3);
+        auto stranger = std::make_shared<ffn>();
+        try {
+            engine_type engine(comm, model, {stranger}, {});
+            o.expect(false, "a unit that is not a submodule was accepted");
+        } catch (const argument_error& e) {
+            o.expect(std::string(e.what()).find("not a submodule") != std::string::npos,
+                     std::string("the error says so: ") + e.what());
+        }
+    }
+    UNISON_CHECK_CASE(comm, "torch fsdp misuse", o);
+}
+
+} // namespace unison::test
