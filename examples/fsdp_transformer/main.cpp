@@ -1,6 +1,7 @@
 // A character-level decoder-only transformer trained under mpirun with FSDP full
 // sharding (ZeRO-3): unison holds the parameters, gradients and AdamW state, each
-// rank 1/N of them, and LibTorch only computes.
+// rank 1/N of them; the model is an ordinary torch::nn module and its forward and
+// backward are LibTorch's own, under autograd.
 //
 //   mpirun -n 2 ./fsdp_transformer                        about 10 M parameters
 //   mpirun -n 2 ./fsdp_transformer --steps 30 --layers 1 --d-model 64 --heads 4
@@ -11,19 +12,15 @@
 // generates from the same small probabilistic grammar (agreement, a/an, questions,
 // clauses: structure to learn).
 //
-// The units gathered together are the embeddings, each block, and the final norm
-// with the head. Forward runs unit by unit on the gathered parameters without
-// autograd and keeps only each unit's input; stage 3 frees the gathered copy right
-// after. Backward walks the units in reverse, gathers each again, recomputes its
-// forward from the saved input with autograd on, back-propagates the gradient that
-// arrived from the unit above, and hands the parameter gradients to unison, which
-// starts their reduce-scatter (non-blocking) and frees the gathered copy again.
-// partitioned_optimizer then completes the reductions, clips to the global gradient
-// norm and updates each rank's shard with AdamW.
+// Each block is a unit (gathered as a whole); the embeddings, the final norm and the
+// head form the root unit. unison::torch::fsdp gathers a block's parameters just
+// before its forward and frees them after, gathers them again when backward reaches
+// the block, and reduce-scatters the block's gradients as soon as autograd has
+// produced them; step() completes the reductions, clips to the global gradient norm
+// and updates each rank's shard with AdamW.
 
-#include <unison/core/torch.hpp>
 #include <unison/mpi.hpp>
-#include <unison/sharded.hpp>
+#include <unison/torch.hpp>
 
 #include <torch/torch.h>
 
@@ -58,7 +55,7 @@ struct settings {
     int sample = 200; // characters generated at the end
 };
 
-using engine_type = unison::fsdp<unison::mpi_communicator, unison::policy::shard::full>;
+using engine_type = unison::torch::fsdp<unison::mpi_communicator, unison::policy::shard::full>;
 
 // ------------------------------------------------------------------------- the text
 
@@ -212,225 +209,112 @@ struct model_shape {
     int layers;
 };
 
-/// One parameter tensor: its name, shape and initial values (GPT-2's: normal with
-/// std 0.02, residual projections scaled by 1/sqrt(2 layers), LayerNorm 1 and 0).
-struct tensor_spec {
-    enum class init : std::uint8_t { normal, zeros, ones };
-    std::string name;
-    std::vector<std::int64_t> shape;
-    init how = init::zeros;
-    double std = 0.0;
+/// Initial values as GPT-2's: normal with std 0.02 (the residual projections'
+/// scaled by 1/sqrt(2 layers)), biases zero, LayerNorm weights one.
+void init_normal(const torch::Tensor& w, double std) {
+    torch::NoGradGuard no_grad;
+    w.normal_(0.0, std);
+}
 
-    std::size_t numel() const {
-        std::int64_t n = 1;
-        for (const std::int64_t d : shape) {
-            n *= d;
+/// A pre-LayerNorm transformer block: causal multi-head self-attention and a GELU
+/// MLP, each with a residual connection, on [B, T, D].
+struct BlockImpl : torch::nn::Module {
+    BlockImpl(const model_shape& m) : heads(m.heads) {
+        const std::int64_t d = m.d_model;
+        const double residual_std = 0.02 / std::sqrt(2.0 * m.layers);
+        ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+        qkv = register_module("qkv", torch::nn::Linear(d, 3 * d));
+        proj = register_module("proj", torch::nn::Linear(d, d));
+        ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+        fc = register_module("fc", torch::nn::Linear(d, 4 * d));
+        mlp_proj = register_module("mlp_proj", torch::nn::Linear(4 * d, d));
+        for (auto* linear : {&qkv, &proj, &fc, &mlp_proj}) {
+            const bool residual = linear == &proj || linear == &mlp_proj;
+            init_normal((*linear)->weight, residual ? residual_std : 0.02);
+            torch::NoGradGuard no_grad;
+            (*linear)->bias.zero_();
         }
-        return static_cast<std::size_t>(n);
     }
-    torch::Tensor initial() const {
-        switch (how) {
-        case init::normal:
-            return torch::randn(shape) * std;
-        case init::ones:
-            return torch::ones(shape);
-        case init::zeros:
-            break;
+    torch::Tensor forward(const torch::Tensor& x) {
+        const std::int64_t b = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads;
+        const torch::Tensor q_k_v =
+            qkv(ln1(x)).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4}); // [3, B, H, T, hd]
+        const torch::Tensor future = torch::ones({t, t}, torch::kBool).triu(1);
+        const torch::Tensor scores =
+            (torch::matmul(q_k_v[0], q_k_v[1].transpose(-2, -1)) /
+             std::sqrt(static_cast<double>(hd)))
+                .masked_fill(future, -std::numeric_limits<float>::infinity());
+        const torch::Tensor y =
+            torch::matmul(torch::softmax(scores, -1), q_k_v[2]).transpose(1, 2).reshape({b, t, d});
+        const torch::Tensor h = x + proj(y);
+        return h + mlp_proj(torch::gelu(fc(ln2(h))));
+    }
+    std::int64_t heads;
+    torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+    torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, mlp_proj{nullptr};
+};
+TORCH_MODULE(Block);
+
+/// Token ids [B, T] -> logits [B, T, vocab].
+struct TransformerImpl : torch::nn::Module {
+    explicit TransformerImpl(const model_shape& m) {
+        tokens = register_module("tokens", torch::nn::Embedding(m.vocab, m.d_model));
+        positions = register_parameter("positions", torch::empty({m.context, m.d_model}));
+        for (int l = 0; l < m.layers; ++l) {
+            blocks.push_back(register_module("block" + std::to_string(l), Block(m)));
         }
-        return torch::zeros(shape);
+        norm =
+            register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({m.d_model})));
+        head = register_module("head", torch::nn::Linear(m.d_model, m.vocab));
+        init_normal(tokens->weight, 0.02);
+        init_normal(positions, 0.02);
+        init_normal(head->weight, 0.02);
+        torch::NoGradGuard no_grad;
+        head->bias.zero_();
     }
+    torch::Tensor forward(const torch::Tensor& ids) {
+        torch::Tensor x = tokens(ids) + positions.narrow(0, 0, ids.size(1));
+        for (Block& block : blocks) {
+            // The one unison line in the model: run the block as its FSDP unit (a plain
+            // call when no engine runs it).
+            x = unison::torch::unit_forward(*block, [&] { return block->forward(x); });
+        }
+        return head(norm(x));
+    }
+    torch::nn::Embedding tokens{nullptr};
+    torch::Tensor positions;
+    std::vector<Block> blocks;
+    torch::nn::LayerNorm norm{nullptr};
+    torch::nn::Linear head{nullptr};
 };
-
-/// A unit: the parameters gathered together, and which computation uses them.
-struct unit_spec {
-    enum class kind : std::uint8_t { embedding, block, head };
-    kind what;
-    std::vector<tensor_spec> tensors;
-};
-
-// Positions of a block's tensors in its unit.
-enum block_tensor : std::size_t {
-    ln1_w,
-    ln1_b,
-    qkv_w,
-    qkv_b,
-    attn_proj_w,
-    attn_proj_b,
-    ln2_w,
-    ln2_b,
-    fc_w,
-    fc_b,
-    mlp_proj_w,
-    mlp_proj_b
-};
-
-std::vector<unit_spec> describe_model(const model_shape& m) {
-    using init = tensor_spec::init;
-    const std::int64_t d = m.d_model;
-    const double residual_std = 0.02 / std::sqrt(2.0 * m.layers);
-    std::vector<unit_spec> units;
-    units.push_back({unit_spec::kind::embedding,
-                     {{"embed.tokens", {m.vocab, d}, init::normal, 0.02},
-                      {"embed.positions", {m.context, d}, init::normal, 0.02}}});
-    for (int l = 0; l < m.layers; ++l) {
-        const std::string p = "block" + std::to_string(l) + ".";
-        units.push_back({unit_spec::kind::block,
-                         {{p + "ln1.weight", {d}, init::ones},
-                          {p + "ln1.bias", {d}, init::zeros},
-                          {p + "attn.qkv.weight", {3 * d, d}, init::normal, 0.02},
-                          {p + "attn.qkv.bias", {3 * d}, init::zeros},
-                          {p + "attn.proj.weight", {d, d}, init::normal, residual_std},
-                          {p + "attn.proj.bias", {d}, init::zeros},
-                          {p + "ln2.weight", {d}, init::ones},
-                          {p + "ln2.bias", {d}, init::zeros},
-                          {p + "mlp.fc.weight", {4 * d, d}, init::normal, 0.02},
-                          {p + "mlp.fc.bias", {4 * d}, init::zeros},
-                          {p + "mlp.proj.weight", {d, 4 * d}, init::normal, residual_std},
-                          {p + "mlp.proj.bias", {d}, init::zeros}}});
-    }
-    units.push_back({unit_spec::kind::head,
-                     {{"head.norm.weight", {d}, init::ones},
-                      {"head.norm.bias", {d}, init::zeros},
-                      {"head.weight", {m.vocab, d}, init::normal, 0.02},
-                      {"head.bias", {m.vocab}, init::zeros}}});
-    return units;
-}
-
-/// Causal multi-head self-attention of x [B, T, D].
-torch::Tensor attention(const torch::Tensor& x, const std::vector<torch::Tensor>& w,
-                        std::int64_t heads) {
-    const std::int64_t b = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads;
-    const torch::Tensor qkv = torch::linear(x, w[qkv_w], w[qkv_b])
-                                  .view({b, t, 3, heads, hd})
-                                  .permute({2, 0, 3, 1, 4}); // [3, B, H, T, hd]
-    const torch::Tensor future = torch::ones({t, t}, torch::kBool).triu(1);
-    torch::Tensor scores =
-        torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-    const torch::Tensor y =
-        torch::matmul(torch::softmax(scores, -1), qkv[2]).transpose(1, 2).reshape({b, t, d});
-    return torch::linear(y, w[attn_proj_w], w[attn_proj_b]);
-}
-
-/// The computation of one unit: token ids [B, T] -> activations [B, T, D] for the
-/// embeddings, activations -> activations for a block, activations -> logits
-/// [B, T, V] for the head.
-torch::Tensor unit_forward(const unit_spec& unit, const std::vector<torch::Tensor>& w,
-                           const torch::Tensor& x, const model_shape& m) {
-    const std::vector<std::int64_t> features{m.d_model};
-    switch (unit.what) {
-    case unit_spec::kind::embedding:
-        return torch::embedding(w[0], x) + w[1].narrow(0, 0, x.size(1));
-    case unit_spec::kind::block: {
-        const torch::Tensor h =
-            x + attention(torch::layer_norm(x, features, w[ln1_w], w[ln1_b]), w, m.heads);
-        const torch::Tensor a = torch::gelu(
-            torch::linear(torch::layer_norm(h, features, w[ln2_w], w[ln2_b]), w[fc_w], w[fc_b]));
-        return h + torch::linear(a, w[mlp_proj_w], w[mlp_proj_b]);
-    }
-    case unit_spec::kind::head:
-        return torch::linear(torch::layer_norm(x, features, w[0], w[1]), w[2], w[3]);
-    }
-    return {};
-}
+TORCH_MODULE(Transformer);
 
 torch::Tensor loss_of(const torch::Tensor& logits, const torch::Tensor& targets) {
     return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
                                                 targets.reshape({-1}));
 }
 
-/// A unit's parameters as tensors over unison's gathered memory (no copy), valid
-/// while the unit's scope lasts. With `trainable` they require grad, so backward
-/// computes their gradients.
-std::vector<torch::Tensor> bind(engine_type& engine, const unit_spec& unit,
-                                const unison::unit_handle& u, bool trainable) {
-    std::vector<torch::Tensor> w;
-    for (std::size_t j = 0; j < unit.tensors.size(); ++j) {
-        const unison::view<float> v = engine.value(u[j]);
-        w.push_back(torch::from_blob(v.data, unit.tensors[j].shape, torch::kFloat));
-        if (trainable) {
-            w.back().requires_grad_(true);
-        }
-    }
-    return w;
-}
-
-// ---------------------------------------------------------------------- one step
-
-/// Forward and backward of one batch with FSDP and recomputation; returns this
-/// rank's mean loss. The gradient reductions are in flight when it returns.
-double forward_backward(engine_type& engine, const std::vector<unit_spec>& units,
-                        const std::vector<unison::unit_handle>& handles, const model_shape& m,
-                        const torch::Tensor& input, const torch::Tensor& targets) {
-    const std::size_t n = units.size();
-    std::vector<torch::Tensor> saved(n); // each unit's input, the only activations kept
-    double loss = 0.0;
-    {
-        torch::NoGradGuard no_grad;
-        torch::Tensor x = input;
-        for (std::size_t k = 0; k < n; ++k) {
-            saved[k] = x;
-            auto scope = engine.forward(handles[k]); // gathers (and prefetches the next unit)
-            x = unit_forward(units[k], bind(engine, units[k], handles[k], false), x, m);
-        } // each scope's end frees the gathered copy
-        loss = loss_of(x, targets).item<double>();
-    }
-    torch::Tensor grad_output; // d loss / d (output of unit k)
-    for (std::size_t k = n; k-- > 0;) {
-        auto scope = engine.backward(handles[k]); // gathers again (and prefetches)
-        const std::vector<torch::Tensor> w = bind(engine, units[k], handles[k], true);
-        const torch::Tensor x = k == 0 ? saved[k] : saved[k].detach().requires_grad_(true);
-        const torch::Tensor y = unit_forward(units[k], w, x, m); // recomputed, with autograd
-        if (k + 1 == n) {
-            torch::autograd::backward({loss_of(y, targets)});
-        } else {
-            torch::autograd::backward({y}, {grad_output});
-        }
-        for (std::size_t j = 0; j < w.size(); ++j) {
-            const unison::view<float> g = engine.gradient(handles[k][j]);
-            torch::from_blob(g.data, units[k].tensors[j].shape, torch::kFloat).add_(w[j].grad());
-        }
-        if (k > 0) {
-            grad_output = x.grad();
-        }
-        saved[k] = torch::Tensor();
-    } // each scope's end starts the unit's reduce-scatter; engine.step() completes them
-    return loss;
-}
-
-/// Samples `count` characters after `prompt` (temperature 0.8). Gathers every unit
-/// (collective), so every rank calls it; rank 0 computes and returns the text.
-std::string generate(engine_type& engine, const std::vector<unit_spec>& units,
-                     const std::vector<unison::unit_handle>& handles, const model_shape& m,
+/// Samples `count` characters after `prompt` (temperature 0.8). Every rank runs it
+/// (each forward gathers the units: collective) and gets the same text.
+std::string generate(engine_type& engine, Transformer& model, const model_shape& m,
                      const corpus& text, const std::string& prompt, int count) {
-    std::vector<engine_type::unit_scope> scopes;
-    scopes.reserve(units.size());
-    std::vector<std::vector<torch::Tensor>> w;
-    for (std::size_t k = 0; k < units.size(); ++k) {
-        scopes.push_back(engine.forward(handles[k]));
-        w.push_back(bind(engine, units[k], handles[k], false));
+    torch::NoGradGuard no_grad;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+    std::vector<std::int64_t> ids;
+    for (const char c : prompt) {
+        ids.push_back(static_cast<std::int64_t>(text.vocabulary.find(c)));
     }
     std::string out = prompt;
-    if (engine.communicator().rank() == 0) {
-        torch::NoGradGuard no_grad;
-        torch::manual_seed(7);
-        std::vector<std::int64_t> ids;
-        for (const char c : prompt) {
-            ids.push_back(static_cast<std::int64_t>(text.vocabulary.find(c)));
-        }
-        for (int i = 0; i < count; ++i) {
-            const auto t = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), m.context);
-            torch::Tensor x =
-                torch::tensor(std::vector<std::int64_t>(ids.end() - t, ids.end())).reshape({1, t});
-            for (std::size_t k = 0; k < units.size(); ++k) {
-                x = unit_forward(units[k], w[k], x, m);
-            }
-            const torch::Tensor probs = torch::softmax(x[0][t - 1] / 0.8, -1);
-            ids.push_back(torch::multinomial(probs, 1).item<std::int64_t>());
-            out += text.vocabulary[static_cast<std::size_t>(ids.back())];
-        }
+    for (int i = 0; i < count; ++i) {
+        const auto t = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), m.context);
+        const torch::Tensor x =
+            torch::tensor(std::vector<std::int64_t>(ids.end() - t, ids.end())).reshape({1, t});
+        const torch::Tensor logits = engine.forward([&] { return model->forward(x); });
+        const torch::Tensor probs = torch::softmax(logits[0][t - 1] / 0.8, -1);
+        ids.push_back(torch::multinomial(probs, 1, false, gen).item<std::int64_t>());
+        out += text.vocabulary[static_cast<std::size_t>(ids.back())];
     }
-    return out; // the scopes end here: every unit is released
+    return out;
 }
 
 double mib(std::size_t bytes) {
@@ -460,35 +344,26 @@ int train(unison::mpi_communicator& comm, const settings& s) {
     torch::set_num_threads(s.threads);
     const corpus text(grammar(2024).text(400000)); // the same on every rank
     const model_shape m{text.vocab(), s.d_model, s.heads, s.context, s.layers};
-    const std::vector<unit_spec> units = describe_model(m);
-
-    // --- unison: units, initial values (same seed on every rank), start ----------------
-    engine_type engine(comm, {.optimizer = {.lr = s.lr, .beta2 = 0.99}, // decay 1e-2
-                              .max_grad_norm = 1.0});
     torch::manual_seed(1234);
-    std::vector<unison::unit_handle> handles;
-    for (const unit_spec& unit : units) {
-        std::vector<torch::Tensor> initial; // alive until add_unit has kept this rank's shard
-        std::vector<engine_type::parameter> params;
-        for (const tensor_spec& t : unit.tensors) {
-            initial.push_back(t.initial());
-            params.emplace_back(t.name, initial.back());
-        }
-        handles.push_back(engine.add_unit(params));
-    }
-    engine.start(); // checks that every rank added the same units and values
+    Transformer model(m);
+
+    // --- unison: the model sharded, a unit per block ------------------------------------
+    // Collective: checks that every rank built the same model, starts every rank from
+    // rank 0's values and shards them; AdamW with decay 1e-2, clipping to norm 1.
+    engine_type engine(comm, model, unison::torch::modules(model->blocks),
+                       {.optimizer = {.lr = s.lr, .beta2 = 0.99}, .max_grad_norm = 1.0});
     // ---------------------------------------------------------------------------------
 
     const std::int64_t local = s.batch / ranks;
     const int warmup = s.warmup >= 0 ? s.warmup : std::clamp(s.steps / 10, 1, 30);
-    const std::size_t psi = engine.numel();
+    const std::size_t psi = engine.engine().numel();
     const double ln_vocab = std::log(static_cast<double>(m.vocab));
     if (rank == 0) {
-        const unison::memory_report mem = engine.memory();
-        std::printf("fsdp_transformer: %zu parameters in %zu tensors, %zu units (embeddings, %d "
-                    "block%s, head); d_model %lld, %lld heads, context %lld\n",
-                    psi, engine.parameters().parameter_count(), engine.unit_count(), s.layers,
-                    s.layers == 1 ? "" : "s", static_cast<long long>(s.d_model),
+        const unison::memory_report mem = engine.engine().memory();
+        std::printf("fsdp_transformer: %zu parameters in %zu tensors, %zu units (%d block%s, and "
+                    "the root: embeddings, norm, head); d_model %lld, %lld heads, context %lld\n",
+                    psi, engine.engine().parameters().parameter_count(), engine.unit_count(),
+                    s.layers, s.layers == 1 ? "" : "s", static_cast<long long>(s.d_model),
                     static_cast<long long>(s.heads), static_cast<long long>(s.context));
         std::printf("text: %zu characters, vocabulary %lld (ln %lld = %.3f); global batch %lld "
                     "sequences (%lld per rank), %d ranks, %d thread(s) each\n",
@@ -497,8 +372,9 @@ int train(unison::mpi_communicator& comm, const settings& s) {
                     static_cast<long long>(local), ranks, s.threads);
         std::printf("memory per rank: parameters %.2f MiB, gradients %.2f MiB, AdamW state %.2f "
                     "MiB (unsharded: %.2f, %.2f, %.2f MiB)\n",
-                    mib(mem.parameters), mib(mem.gradients), mib(engine.optimizer_state_bytes()),
-                    mib(psi * 4), mib(psi * 4), mib(psi * 8));
+                    mib(mem.parameters), mib(mem.gradients),
+                    mib(engine.engine().optimizer_state_bytes()), mib(psi * 4), mib(psi * 4),
+                    mib(psi * 8));
     }
 
     // Every rank draws the whole global batch's offsets from the same generator and
@@ -518,14 +394,15 @@ int train(unison::mpi_communicator& comm, const settings& s) {
                             window[i % local].data_ptr<std::int64_t>());
             }
         }
-        engine.hyperparameters().lr = learning_rate(s, warmup, step);
+        engine.engine().hyperparameters().lr = learning_rate(s, warmup, step);
 
-        const double loss =
-            forward_backward(engine, units, handles, m, window.narrow(1, 0, s.context),
-                             window.narrow(1, 1, s.context));
+        const torch::Tensor input = window.narrow(1, 0, s.context);
+        const torch::Tensor loss = loss_of(engine.forward([&] { return model->forward(input); }),
+                                           window.narrow(1, 1, s.context));
+        loss.backward();                             // each block's reduce-scatter starts
         const unison::step_result r = engine.step(); // clip to norm 1, AdamW, zero gradients
 
-        std::vector<double> global_loss{loss};
+        std::vector<double> global_loss{loss.item<double>()};
         unison::all_reduce(comm, global_loss, unison::reduce_op::avg);
         losses.push_back(global_loss[0]);
         const double seconds =
@@ -535,12 +412,12 @@ int train(unison::mpi_communicator& comm, const settings& s) {
             std::printf("step %4d  loss %.4f  grad norm %7.4f%s  lr %.2e  %7.0f tokens/s  "
                         "%.2f s/step\n",
                         step, losses.back(), r.grad_norm, r.skipped ? " (skipped)" : "",
-                        engine.hyperparameters().lr,
+                        engine.engine().hyperparameters().lr,
                         static_cast<double>(s.batch * s.context) / seconds, seconds);
             std::fflush(stdout); // mpirun forwards what is flushed
         }
         if (rank == 0 && step == 0) {
-            const unison::memory_report mem = engine.memory();
+            const unison::memory_report mem = engine.engine().memory();
             std::printf("transient full copies, peak: %.2f MiB (gathered parameters, %d units at "
                         "most, and full gradients awaiting their reduce-scatter)\n",
                         mib(mem.gathered_peak), mem.live_units_peak);
@@ -554,7 +431,7 @@ int train(unison::mpi_communicator& comm, const settings& s) {
         first += losses[i] / static_cast<double>(ends);
         last += losses[losses.size() - 1 - i] / static_cast<double>(ends);
     }
-    const std::string sample = generate(engine, units, handles, m, text, "The ", s.sample);
+    const std::string sample = generate(engine, model, m, text, "The ", s.sample);
     const bool fell = last < first;
     const bool sane = std::abs(losses.front() - ln_vocab) < 0.5;
     if (rank == 0) {

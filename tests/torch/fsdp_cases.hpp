@@ -31,48 +31,32 @@ typename Engine::options_type torch_fsdp_options(int ranks) {
     return {.optimizer = {.lr = 1e-2}, .shard_group_size = hybrid_group(ranks)};
 }
 
-/// FSDP of a stack of `Block`s with `Policies` against single-process AdamW: every
-/// parameter within `tol` after every step, and the saved full model equal to the
-/// reference.
-template <class Block, class... Policies, communicator C>
-void torch_fsdp_case(C& comm, tm::stacking how, c10::ScalarType dtype, double tol,
-                     const std::string& what) {
-    using engine_type = torch::fsdp<C, Policies...>;
-    const std::string label = what + ", " + c10::toString(dtype);
-    CAPTURE(label);
-    const auto n = comm.size();
-    const auto rank = comm.rank();
-    const std::int64_t shard = torch_global_batch / n;
-    const tm::dataset data =
-        tm::make_data(tm::stack_input_width<Block>(), dtype, torch_global_batch * torch_steps, 11);
-
-    auto model = tm::make_stack<Block>(how, dtype, 100 + static_cast<std::uint64_t>(rank));
-    auto reference = tm::make_stack<Block>(how, dtype, 100);
-    engine_type engine(comm, model, model->units(), torch_fsdp_options<engine_type>(n));
-    tm::zero_gradients(*reference);
-    auto ref_opt = adamw(reference->parameters());
-
-    outcome o;
-    o.expect(engine.unit_count() == model->blocks.size() + 1,
-             "a unit per block and the root: " + std::to_string(engine.unit_count()));
-    for (int step = 0; step < torch_steps && o.first.empty(); ++step) {
+/// Steps [first, last) of FSDP training of `model` under `engine` beside
+/// single-process AdamW training of `reference` on the whole batches; after every
+/// step every full parameter is compared with the reference's.
+template <communicator C, class Engine, class Model>
+void torch_fsdp_train(C& comm, Engine& engine, Model& model, Model& reference,
+                      ::torch::optim::AdamW& ref_opt, const tm::dataset& data, int first, int last,
+                      double tol, outcome& o) {
+    const std::int64_t shard = torch_global_batch / comm.size();
+    for (int step = first; step < last && o.first.empty(); ++step) {
         const std::int64_t base = step * torch_global_batch;
-        const at::Tensor x = data.x.narrow(0, base + rank * shard, shard);
-        const at::Tensor y = data.y.narrow(0, base + rank * shard, shard);
+        const at::Tensor x = data.x.narrow(0, base + comm.rank() * shard, shard);
+        const at::Tensor y = data.y.narrow(0, base + comm.rank() * shard, shard);
         const at::Tensor loss = ::torch::nn::functional::cross_entropy(
-            engine.forward([&] { return model->forward(x); }), y);
+            engine.forward([&] { return model.forward(x); }), y);
         loss.backward();
         engine.step();
 
         ref_opt.zero_grad();
         ::torch::nn::functional::cross_entropy(
-            reference->forward(data.x.narrow(0, base, torch_global_batch)),
+            reference.forward(data.x.narrow(0, base, torch_global_batch)),
             data.y.narrow(0, base, torch_global_batch))
             .backward();
         ref_opt.step();
 
         const auto state = engine.full_state_dict();
-        for (const auto& item : reference->named_parameters()) {
+        for (const auto& item : reference.named_parameters()) {
             const at::Tensor* got = state.find(item.key());
             if (got == nullptr) {
                 o.expect(false, "full_state_dict has no '" + item.key() + "'");
@@ -85,6 +69,40 @@ void torch_fsdp_case(C& comm, tm::stacking how, c10::ScalarType dtype, double to
             });
         }
     }
+}
+
+/// A path every rank of `comm` names alike (threads share a process, MPI ranks a
+/// machine), for files rank 0 writes and everyone reads.
+template <communicator C>
+std::filesystem::path torch_shared_path(C& comm, const std::string& what) {
+    return std::filesystem::temp_directory_path() /
+           ("unison-torch-" + what + "-" + std::to_string(comm.size()));
+}
+
+/// FSDP of a stack of `Block`s with `Policies` against single-process AdamW: every
+/// parameter within `tol` after every step, and the saved full model equal to the
+/// reference.
+template <class Block, class... Policies, communicator C>
+void torch_fsdp_case(C& comm, tm::stacking how, c10::ScalarType dtype, double tol,
+                     const std::string& what) {
+    using engine_type = torch::fsdp<C, Policies...>;
+    const std::string label = what + ", " + c10::toString(dtype);
+    CAPTURE(label);
+    const auto n = comm.size();
+    const auto rank = comm.rank();
+    const tm::dataset data =
+        tm::make_data(tm::stack_input_width<Block>(), dtype, torch_global_batch * torch_steps, 11);
+
+    auto model = tm::make_stack<Block>(how, dtype, 100 + static_cast<std::uint64_t>(rank));
+    auto reference = tm::make_stack<Block>(how, dtype, 100);
+    engine_type engine(comm, model, model->units(), torch_fsdp_options<engine_type>(n));
+    tm::zero_gradients(*reference);
+    auto ref_opt = adamw(reference->parameters());
+
+    outcome o;
+    o.expect(engine.unit_count() == model->blocks.size() + 1,
+             "a unit per block and the root: " + std::to_string(engine.unit_count()));
+    torch_fsdp_train(comm, engine, *model, *reference, ref_opt, data, 0, torch_steps, tol, o);
 
     // The full model, saved by rank 0 in LibTorch's format, loads into a plain
     // module (no engine) and computes the reference's loss.
@@ -136,6 +154,44 @@ void torch_fsdp_training_cases(C& comm) {
                                               "transformer blocks, hybrid");
 }
 
+/// Checkpoint and resume: half the steps, save_checkpoint, then a new engine on a
+/// model drawn from another seed loads the checkpoint and trains the other half;
+/// every step equals the reference's uninterrupted training.
+template <class... Policies, communicator C>
+void torch_fsdp_resume_case(C& comm, double tol, const std::string& what) {
+    using engine_type = torch::fsdp<C, Policies...>;
+    using tm::ffn;
+    CAPTURE(what);
+    const tm::dataset data = tm::make_data(tm::stack_input_width<ffn>(), at::kDouble,
+                                           torch_global_batch * torch_steps, 13);
+    auto reference = tm::make_stack<ffn>(tm::stacking::plain, at::kDouble, 100);
+    tm::zero_gradients(*reference);
+    auto ref_opt = adamw(reference->parameters());
+    const std::filesystem::path dir = torch_shared_path(comm, "checkpoint");
+    outcome o;
+    {
+        auto model = tm::make_stack<ffn>(tm::stacking::plain, at::kDouble, 100);
+        engine_type engine(comm, model, model->units(),
+                           torch_fsdp_options<engine_type>(comm.size()));
+        torch_fsdp_train(comm, engine, *model, *reference, ref_opt, data, 0, torch_steps / 2, tol,
+                         o);
+        save_checkpoint(dir, engine);
+    }
+    auto model = tm::make_stack<ffn>(tm::stacking::plain, at::kDouble, 555);
+    engine_type engine(comm, model, model->units(), torch_fsdp_options<engine_type>(comm.size()));
+    load_checkpoint(dir, engine);
+    o.expect(engine.engine().steps() == static_cast<std::uint64_t>(torch_steps / 2),
+             "the step count resumes: " + std::to_string(engine.engine().steps()));
+    torch_fsdp_train(comm, engine, *model, *reference, ref_opt, data, torch_steps / 2, torch_steps,
+                     tol, o);
+    std::vector<int> sync{1};
+    all_reduce(comm, sync); // everyone has read the checkpoint
+    if (comm.rank() == 0) {
+        std::filesystem::remove_all(dir);
+    }
+    UNISON_CHECK_CASE(comm, what, o);
+}
+
 template <communicator C>
 void torch_fsdp_unit_cases(C& comm) {
     using namespace unison::policy;
@@ -151,6 +207,8 @@ void torch_fsdp_unit_cases(C& comm) {
     // the reference's zero gradient is.
     torch_fsdp_case<ffn, shard::full, f64>(comm, stacking::spare, at::kDouble, 1e-12,
                                            "ffn, an unused layer, full");
+    torch_fsdp_resume_case<shard::full, f64>(comm, 1e-12, "checkpoint and resume, full");
+    torch_fsdp_resume_case<zero<1>, f64>(comm, 1e-12, "checkpoint and resume, zero<1>");
 }
 
 /// Misuse: a model that differs across ranks is a mismatch_error before anything

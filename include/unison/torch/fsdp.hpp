@@ -13,13 +13,14 @@
 ///     }
 ///     // training:
 ///     unison::torch::fsdp<Comm, unison::policy::shard::full> engine(
-///         comm, model, {block0.ptr(), block1.ptr()}, {.optimizer = {.lr = 1e-3}});
+///         comm, model, unison::torch::modules(model->blocks), {.optimizer = {.lr = 1e-3}});
 ///     for (auto& batch : my_shard_of_the_data) {
 ///         auto loss = cross_entropy(engine.forward([&] { return model->forward(x); }), y);
 ///         loss.backward();  // each unit regathered, its gradients reduce-scattered
 ///         engine.step();    // clip, AdamW on this rank's shard, zero the gradients
 ///     }
 ///     engine.save_full("model.pt"); // torch::load(plain_model, "model.pt") reads it
+///     unison::save_checkpoint("ckpt", engine); // sharded: resume at any world size
 ///
 /// Construction is collective: it checks that every rank built the same module
 /// (the first parameter that differs is named in a mismatch_error before anything
@@ -53,6 +54,7 @@
 #include "unison/core/error.hpp"
 #include "unison/core/torch.hpp"
 #include "unison/parallel/detail/control.hpp"
+#include "unison/sharded/checkpoint.hpp"
 #include "unison/sharded/fsdp.hpp"
 
 #include <c10/core/Storage.h>
@@ -71,6 +73,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -179,6 +182,22 @@ inline at::Tensor tensor_on(const c10::Storage& s, c10::IntArrayRef shape, caffe
 }
 
 } // namespace detail
+
+/// The modules of `range` (module holders such as `torch::nn::Linear` or a
+/// TORCH_MODULE type, or shared pointers to modules) as fsdp's units argument:
+/// `unison::torch::modules(model->blocks)`.
+template <class Range>
+std::vector<std::shared_ptr<::torch::nn::Module>> modules(const Range& range) {
+    std::vector<std::shared_ptr<::torch::nn::Module>> out;
+    for (const auto& m : range) {
+        if constexpr (requires { m.ptr(); }) {
+            out.push_back(std::static_pointer_cast<::torch::nn::Module>(m.ptr()));
+        } else {
+            out.push_back(std::static_pointer_cast<::torch::nn::Module>(m));
+        }
+    }
+    return out;
+}
 
 /// Runs `f` (a unit's forward: returns a tensor, a vector of tensors, or a tuple or
 /// pair of those) as unit `module` of the engine it belongs to, or just runs it
@@ -646,3 +665,21 @@ private:
 };
 
 } // namespace unison::torch
+
+namespace unison {
+
+/// Collective: the engine's sharded checkpoint (parameters, optimizer state, step;
+/// see sharded/checkpoint.hpp), readable at any world size and strategy.
+template <communicator C, class... Policies>
+void save_checkpoint(const std::filesystem::path& dir, torch::fsdp<C, Policies...>& engine) {
+    save_checkpoint(dir, engine.engine());
+}
+
+/// Collective: restores a checkpoint written by save_checkpoint into the engine
+/// (the module must be the one it was saved from, at any world size).
+template <communicator C, class... Policies>
+void load_checkpoint(const std::filesystem::path& dir, torch::fsdp<C, Policies...>& engine) {
+    load_checkpoint(dir, engine.engine());
+}
+
+} // namespace unison
