@@ -213,7 +213,8 @@ void torch_fsdp_unit_cases(C& comm) {
 
 /// Misuse: a model that differs across ranks is a mismatch_error before anything
 /// moves; a parameter used outside its unit is an error naming it; a unit that is
-/// not a submodule, and one given twice to two engines, are refused.
+/// not a submodule, and a module given to a second engine, are refused; a failed
+/// construction leaves the module as it was.
 template <communicator C>
 void torch_fsdp_error_cases(C& comm) {
     using tm::ffn;
@@ -258,6 +259,61 @@ void torch_fsdp_error_cases(C& comm) {
         } catch (const argument_error& e) {
             o.expect(std::string(e.what()).find("not a submodule") != std::string::npos,
                      std::string("the error says so: ") + e.what());
+        }
+    }
+    {
+        // A second engine on a module that has one is refused before it touches the
+        // parameters: the first engine (resident parameters) keeps driving them.
+        using resident_engine = torch::fsdp<C, policy::zero<1>>;
+        auto model = tm::make_stack<ffn>(stacking::plain, at::kFloat, 3);
+        resident_engine first(comm, model, model->units(), {});
+        try {
+            engine_type second(comm, model, model->units(), {});
+            o.expect(false, "a second engine on the same module was accepted");
+        } catch (const argument_error& e) {
+            o.expect(std::string(e.what()).find("another engine") != std::string::npos,
+                     std::string("the error says so: ") + e.what());
+        }
+        const auto state = first.full_state_dict();
+        for (const auto& item : model->named_parameters()) {
+            const at::Tensor* full = state.find(item.key());
+            o.expect(full != nullptr && item.value().detach().equal(*full),
+                     "after the refused engine, '" + item.key() +
+                         "' no longer shows the first engine's values");
+        }
+    }
+    if (comm.size() > 1) {
+        // Rank 1 leaves the last block out of the units: the module is the same on
+        // every rank, so only the engine's layout check (in start, after the
+        // parameters followed the engine) finds it. Every parameter gets its own
+        // values back, and the module can take an engine again.
+        auto model = tm::make_stack<ffn>(stacking::plain, at::kFloat, 3);
+        std::vector<at::Tensor> before;
+        for (const at::Tensor& p : model->parameters()) {
+            before.push_back(p.detach().clone());
+        }
+        auto units = model->units();
+        if (rank == 1) {
+            units.pop_back();
+        }
+        try {
+            engine_type engine(comm, model, units, {});
+            o.expect(false, "units that differ across ranks were accepted");
+        } catch (const mismatch_error&) {
+        }
+        const auto params = model->parameters();
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            o.expect(params[i].sizes() == before[i].sizes() && params[i].detach().equal(before[i]),
+                     "parameter #" + std::to_string(i) +
+                         " lost its values when construction failed");
+        }
+        try {
+            engine_type again(comm, model, model->units(), {});
+            const at::Tensor x = at::ones({2, tm::features});
+            again.forward([&] { return model->forward(x); }).sum().backward();
+            again.step();
+        } catch (const std::exception& e) {
+            o.expect(false, std::string("an engine after the failed one: ") + e.what());
         }
     }
     UNISON_CHECK_CASE(comm, "torch fsdp misuse", o);

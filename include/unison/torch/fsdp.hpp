@@ -253,9 +253,19 @@ public:
         }
         collect(units);
         synchronize_module();
-        register_units();
-        engine_.start();
-        attach();
+        // From here the parameters follow the engine's memory: a failure puts every
+        // one back on its own values and removes what was hooked or registered.
+        try {
+            register_units();
+            engine_.start();
+            attach();
+        } catch (...) {
+            detach(/*restore_original=*/true);
+            throw;
+        }
+        for (slot& s : slots_) {
+            s.original = at::Tensor(); // the engine holds the values now
+        }
     }
     template <class M>
     fsdp(C& comm, const ::torch::nn::ModuleHolder<M>& model,
@@ -269,26 +279,7 @@ public:
     /// Removes the hooks and the units. The parameters keep the values they hold:
     /// with a strategy that shards them that is none (their shape becomes [0]), so
     /// take the trained values first (full_state_dict, save_full).
-    ~fsdp() {
-        detached_ = true;
-        for (unit_info& u : units_) {
-            if (u.module != nullptr) {
-                detail::unit_registry::instance().remove(u.module);
-            }
-        }
-        for (slot& s : slots_) {
-            if (s.accumulator) {
-                s.accumulator->del_post_hook(s.hook_key);
-            }
-            try {
-                if (s.value.data() != nullptr) { // resident: the module keeps its values
-                    s.param.set_data(s.param.detach().clone());
-                }
-                s.param.mutable_grad() = at::Tensor();
-            } catch (...) { // a destructor must not throw; the module is being torn down
-            }
-        }
-    }
+    ~fsdp() { detach(/*restore_original=*/false); }
 
     /// Runs the model's forward `f` inside the root unit (gathering the parameters
     /// no other unit owns); the units' forwards inside it go through unit_forward.
@@ -354,11 +345,13 @@ private:
         at::Tensor param; ///< the module's parameter (the tensor the module holds)
         std::string name; ///< its name in the module
         std::vector<std::int64_t> shape;
-        std::size_t unit;   ///< index into units_
-        c10::Storage value; ///< the parameter's storage: the engine's memory when bound
-        c10::Storage grad;  ///< its gradient's storage, bound inside backward
+        std::size_t unit;    ///< index into units_
+        c10::Storage value;  ///< the parameter's storage: the engine's memory when bound
+        c10::Storage grad;   ///< its gradient's storage, bound inside backward
+        at::Tensor original; ///< its own values until construction succeeds
         std::shared_ptr<::torch::autograd::Node> accumulator;
         std::uintptr_t hook_key = 0;
+        bool hooked = false;
         parameter_handle handle;
     };
     struct unit_info {
@@ -368,6 +361,7 @@ private:
         unit_handle handle;
         std::size_t ready = 0; ///< gradients accumulated in this backward
         bool in_backward = false;
+        bool registered = false; ///< in unit_registry under this engine
     };
 
     [[noreturn]] void fail(const std::string& detail) {
@@ -395,6 +389,17 @@ private:
         std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
             return units[a]->parameters().size() < units[b]->parameters().size();
         });
+        // A module already driven by another engine is refused before anything moves.
+        const auto refuse_taken = [&](const ::torch::nn::Module* m, const std::string& what) {
+            if (detail::unit_registry::instance().find(m).runner != nullptr) {
+                fail(what + " is a unit of another engine already: destroy that engine first");
+            }
+        };
+        refuse_taken(model_.get(), "the model (" + model_->name() + ")");
+        for (std::size_t i = 0; i < units.size(); ++i) {
+            refuse_taken(units[i].get(),
+                         "unit #" + std::to_string(i) + " (" + units[i]->name() + ")");
+        }
         std::unordered_map<const c10::TensorImpl*, std::size_t> owner; // -> units_ index
         units_.resize(units.size() + 1);                               // [0]: the root
         units_[0].module = model_.get();
@@ -432,14 +437,17 @@ private:
             const auto it = owner.find(p.unsafeGetTensorImpl());
             const std::size_t u = it == owner.end() ? 0 : it->second;
             units_[u].slots.push_back(slots_.size());
+            slot_of_.emplace(p.unsafeGetTensorImpl(), slots_.size());
             slots_.push_back(slot{p,
                                   item.key(),
                                   p.sizes().vec(),
                                   u,
                                   detail::unowned_storage(),
                                   detail::unowned_storage(),
+                                  p.detach(),
                                   nullptr,
                                   0,
+                                  false,
                                   {}});
         }
         for (std::size_t u = 1; u < units_.size(); ++u) {
@@ -554,9 +562,9 @@ private:
             }
             if (!detail::unit_registry::instance().add(units_[u].module,
                                                        detail::unit_entry{this, u})) {
-                units_[u].module = nullptr; // not ours to remove
                 fail(units_[u].name + " is a unit of another engine already");
             }
+            units_[u].registered = true;
         }
         for (std::size_t i = 0; i < slots_.size(); ++i) {
             slot& s = slots_[i];
@@ -567,6 +575,35 @@ private:
                         gradient_ready(i);
                         return outputs;
                     }));
+            s.hooked = true;
+        }
+    }
+
+    /// Removes the hooks and the units. The parameters keep what they hold while
+    /// resident; with `restore_original` (construction failed) each gets back its
+    /// values from before construction.
+    void detach(bool restore_original) noexcept {
+        detached_ = true;
+        for (unit_info& u : units_) {
+            if (u.registered) {
+                detail::unit_registry::instance().remove(u.module);
+                u.registered = false;
+            }
+        }
+        for (slot& s : slots_) {
+            if (s.hooked) {
+                s.accumulator->del_post_hook(s.hook_key);
+                s.hooked = false;
+            }
+            try {
+                if (restore_original && s.original.defined()) {
+                    s.param.set_data(s.original);
+                } else if (s.value.data() != nullptr) { // resident: the module keeps its values
+                    s.param.set_data(s.param.detach().clone());
+                }
+                s.param.mutable_grad() = at::Tensor();
+            } catch (...) { // nothing to report to: the engine is going away
+            }
         }
     }
 
@@ -643,20 +680,22 @@ private:
     /// Parameter `p`'s full values in a tensor of its own (collective for sharded
     /// parameters of a unit that is not gathered).
     at::Tensor full_value(const at::Tensor& p) {
-        for (slot& s : slots_) {
-            if (s.param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
-                at::Tensor out = at::empty(s.shape, s.param.options().requires_grad(false));
-                engine_.copy_full(s.handle, out);
-                return out;
-            }
+        const auto it = slot_of_.find(p.unsafeGetTensorImpl());
+        if (it == slot_of_.end()) {
+            return p.detach().clone(); // frozen: the module's own
         }
-        return p.detach().clone(); // frozen: the module's own
+        const slot& s = slots_[it->second];
+        at::Tensor out = at::empty(s.shape, s.param.options().requires_grad(false));
+        engine_.copy_full(s.handle, out);
+        return out;
     }
 
     // The engine is declared after the slots: it is destroyed first, and its
     // destructor may still call the binders, which point the slots' storages.
     std::shared_ptr<::torch::nn::Module> model_;
     std::vector<slot> slots_;
+    /// Slot of each trainable parameter (set_data keeps a tensor's TensorImpl).
+    std::unordered_map<const c10::TensorImpl*, std::size_t> slot_of_;
     std::vector<unit_info> units_;
     std::vector<at::Tensor> frozen_;
     engine_type engine_;
