@@ -3,6 +3,7 @@
 // where the CUDA headers are available, CUDA's own host conversion functions.
 
 #include "unison/core/half.hpp"
+#include "unison/core/detail/half_block.hpp"
 
 #include <doctest/doctest.h>
 
@@ -421,6 +422,100 @@ TEST_CASE("half and bf16: equality compares bit patterns") {
           unison::bf16::from_bits(0x7fffu));
     CHECK(unison::half() == unison::half::from_bits(0u));
     CHECK(unison::bf16() == unison::bf16::from_bits(0u));
+}
+
+// ------------------------------------------------------- block conversions
+
+namespace {
+
+/// Every float whose low `low_bits` bits are one of the rounding cases (zero, one,
+/// just below, at and just above the halfway point, all ones): each boundary of
+/// every representable 16-bit value, over all signs and exponents.
+std::vector<float> rounding_sweep(int low_bits) {
+    const std::uint32_t half_way = 1u << (low_bits - 1), all = (1u << low_bits) - 1;
+    const std::uint32_t lows[] = {0, 1, half_way - 1, half_way, half_way + 1, all};
+    std::vector<float> v;
+    v.reserve((std::size_t{1} << (32 - low_bits)) * std::size(lows));
+    for (std::uint64_t high = 0; high < (std::uint64_t{1} << (32 - low_bits)); ++high) {
+        for (const std::uint32_t low : lows) {
+            v.push_back(float_of(static_cast<std::uint32_t>(high << low_bits) | low));
+        }
+    }
+    return v;
+}
+
+/// Converts `in` with widen_block / narrow_block in pieces of 1 to 37 elements from
+/// every offset (the vector loop and its scalar tail) and compares each result
+/// with the element conversion.
+template <class T>
+void check_blocks(const std::vector<float>& floats, mismatch_log& widen, mismatch_log& narrow) {
+    std::vector<T> all(0x10000);
+    for (std::uint32_t i = 0; i <= 0xffffu; ++i) {
+        all[i] = T::from_bits(static_cast<std::uint16_t>(i));
+    }
+    std::vector<float> wide(all.size());
+    std::vector<T> small(floats.size());
+    for (std::size_t at = 0, piece = 1; at < all.size(); at += piece, piece = piece % 37 + 1) {
+        unison::detail::widen_block(all.data() + at, wide.data() + at,
+                                    std::min(piece, all.size() - at));
+    }
+    for (std::size_t i = 0; i < all.size(); ++i) {
+        const std::uint32_t want = bits_of(static_cast<float>(all[i]));
+        if (bits_of(wide[i]) != want) {
+            widen.add(hex(all[i].bits, 4) + " -> " + hex(bits_of(wide[i]), 8) + ", element " +
+                      hex(want, 8));
+        }
+    }
+    for (std::size_t at = 0, piece = 1; at < floats.size(); at += piece, piece = piece % 37 + 1) {
+        unison::detail::narrow_block(floats.data() + at, small.data() + at,
+                                     std::min(piece, floats.size() - at));
+    }
+    for (std::size_t i = 0; i < floats.size(); ++i) {
+        const std::uint16_t want = T(floats[i]).bits;
+        if (small[i].bits != want) {
+            narrow.add(hex(bits_of(floats[i]), 8) + " -> " + hex(small[i].bits, 4) + ", element " +
+                       hex(want, 4));
+        }
+    }
+}
+
+std::string block_path() {
+#if UNISON_HOST_F16C
+    return unison::detail::host_has_f16c() ? "AVX2 + F16C" : "element loop (no AVX2/F16C)";
+#else
+    return "element loop (vector paths not compiled)";
+#endif
+}
+
+} // namespace
+
+TEST_CASE("half: block conversions equal the element conversions bit for bit") {
+    std::vector<float> floats = rounding_sweep(13); // half keeps 10 of 23 fraction bits
+    const std::vector<float> extra = half_boundary_floats();
+    const std::vector<float> random = random_floats(std::size_t{1} << 20, std::size_t{1} << 20);
+    floats.insert(floats.end(), extra.begin(), extra.end());
+    floats.insert(floats.end(), random.begin(), random.end());
+    mismatch_log widen, narrow;
+    check_blocks<unison::half>(floats, widen, narrow);
+    MESSAGE("block conversions through: ", block_path());
+    INFO("65536 patterns to float; first mismatch: ", widen.first);
+    CHECK(widen.count == 0);
+    INFO(floats.size(), " floats to half; first mismatch: ", narrow.first);
+    CHECK(narrow.count == 0);
+}
+
+TEST_CASE("bf16: block conversions equal the element conversions bit for bit") {
+    std::vector<float> floats = rounding_sweep(16);
+    const std::vector<float> extra = bf16_boundary_floats();
+    const std::vector<float> random = random_floats(std::size_t{1} << 20, std::size_t{1} << 20);
+    floats.insert(floats.end(), extra.begin(), extra.end());
+    floats.insert(floats.end(), random.begin(), random.end());
+    mismatch_log widen, narrow;
+    check_blocks<unison::bf16>(floats, widen, narrow);
+    INFO("65536 patterns to float; first mismatch: ", widen.first);
+    CHECK(widen.count == 0);
+    INFO(floats.size(), " floats to bf16; first mismatch: ", narrow.first);
+    CHECK(narrow.count == 0);
 }
 
 // --------------------------------------------------------- CUDA bit equality

@@ -6,6 +6,7 @@
 /// cache-sized blocks, so the thread backend's "reduce my chunk of everyone's
 /// input and write it to everyone's output" is one pass over memory.
 
+#include "unison/core/detail/half_block.hpp"
 #include "unison/core/dtype.hpp"
 #include "unison/core/reduce_op.hpp"
 
@@ -206,9 +207,47 @@ void reduce_typed(Fn fn, const void* const* inputs, int n, void* const* outputs,
     }
 }
 
+/// The 16-bit types: each block reduced in one pass over the inputs (half_block.hpp),
+/// into the first output or, when streaming, into L1 and streamed to the outputs.
+template <class T, reduce_op Op>
+void reduce_16(const void* const* inputs, int n, void* const* outputs, int m, std::size_t count,
+               int divisor, bool streaming) {
+    constexpr std::size_t block_elements = 2 * reduce_block_elements; // the same bytes
+    T narrowed[block_elements];
+    for (std::size_t base = 0; base < count; base += block_elements) {
+        const std::size_t len = std::min(block_elements, count - base);
+        T* const dst0 = static_cast<T*>(outputs[0]) + base;
+        T* const block = streaming ? narrowed : dst0;
+        reduce_block<Op>(inputs, n, base, len, divisor, block);
+        for (int o = streaming ? 0 : 1; o < m; ++o) {
+            T* const dst = static_cast<T*>(outputs[o]) + base;
+            if (dst != block) {
+                copy_out(dst, block, len * sizeof(T), streaming);
+            }
+        }
+    }
+    if (streaming) {
+        store_fence();
+    }
+}
+
 template <class T>
 void reduce_dispatch_op(reduce_op op, const void* const* inputs, int n, void* const* outputs, int m,
                         std::size_t count, int divisor, bool streaming) {
+    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bf16>) {
+        switch (op) {
+        case reduce_op::sum:
+        case reduce_op::avg:
+            return reduce_16<T, reduce_op::sum>(inputs, n, outputs, m, count, divisor, streaming);
+        case reduce_op::prod:
+            return reduce_16<T, reduce_op::prod>(inputs, n, outputs, m, count, divisor, streaming);
+        case reduce_op::min:
+            return reduce_16<T, reduce_op::min>(inputs, n, outputs, m, count, divisor, streaming);
+        case reduce_op::max:
+            return reduce_16<T, reduce_op::max>(inputs, n, outputs, m, count, divisor, streaming);
+        }
+        return;
+    }
     switch (op) {
     case reduce_op::sum:
     case reduce_op::avg:
