@@ -9,18 +9,23 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <fcntl.h>
 #include <filesystem>
+#include <future>
 #include <initializer_list>
 #include <limits>
 #include <random>
 #include <span>
 #include <string>
 #include <string_view>
+#include <sys/stat.h>
+#include <thread>
 #include <type_traits>
 #include <unistd.h>
 #include <utility>
@@ -799,6 +804,35 @@ TEST_CASE("checkpoint io: durable write, verified read, and what a damaged file 
     SUBCASE("a directory") {
         CHECK_THROWS_WITH_AS(ck::read_file(dir.path), contains("is not a regular file"),
                              unison::checkpoint_error);
+    }
+    SUBCASE("a FIFO is refused at once, not waited on") {
+        // Opening a FIFO for reading blocks until a writer comes; read_file must not
+        // wait for one. Should it block, the test says so after 10 s and opens the
+        // FIFO for writing itself to let it go, so that it fails instead of hanging.
+        const std::filesystem::path fifo = dir.path / "rank-0.bin.fifo";
+        REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+        std::promise<std::string> result;
+        std::future<std::string> done = result.get_future();
+        std::thread reader([&] {
+            try {
+                (void)ck::read_file(fifo);
+                result.set_value("read_file returned");
+            } catch (const unison::checkpoint_error& e) {
+                result.set_value(e.what());
+            }
+        });
+        const bool blocked = done.wait_for(std::chrono::seconds(10)) != std::future_status::ready;
+        if (blocked) {
+            const int w = ::open(fifo.c_str(), O_WRONLY);
+            if (w >= 0) {
+                ::close(w);
+            }
+        }
+        reader.join();
+        CHECK_FALSE(blocked);
+        const std::string what = done.get();
+        INFO("read_file said: ", what);
+        CHECK(what.find("is not a regular file") != std::string::npos);
     }
     SUBCASE("writing into a directory that does not exist") {
         const std::filesystem::path nowhere = dir.path / "no-such-dir" / "rank-0.bin";

@@ -154,7 +154,9 @@ inline void write_file_durably(const std::filesystem::path& path, std::span<cons
 /// checkpoint is incomplete)" when it does not exist, the system's reason otherwise.
 inline std::vector<std::byte> read_file(const std::filesystem::path& path) {
     const std::string name = path.string();
-    const int raw = detail::checkpoint_open(path, O_RDONLY);
+    // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer before the
+    // check below refuses it; on a regular file it changes nothing.
+    const int raw = detail::checkpoint_open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY);
     if (raw < 0) {
         const int code = errno;
         if (code == ENOENT) {
