@@ -48,6 +48,23 @@ const T* input_at(const void* const* in, int r, std::size_t at) noexcept {
     return static_cast<const T*>(in[r]) + at;
 }
 
+/// out[i] for i in [first, last), element by element: the portable path, and the
+/// vector path's tail.
+template <reduce_op Op, class T>
+void reduce_elements(const void* const* in, int n, std::size_t base, std::size_t first,
+                     std::size_t last, int divisor, T* out) noexcept {
+    for (std::size_t i = first; i < last; ++i) {
+        float acc = static_cast<float>(*input_at<T>(in, 0, base + i));
+        for (int r = 1; r < n; ++r) {
+            acc = combine1<Op>(acc, static_cast<float>(*input_at<T>(in, r, base + i)));
+        }
+        if (divisor != 1) {
+            acc = acc / static_cast<float>(divisor);
+        }
+        out[i] = T(acc);
+    }
+}
+
 #if UNISON_HOST_F16C
 
 /// Whether this CPU runs the AVX2 + F16C paths (asked once).
@@ -185,16 +202,7 @@ __attribute__((target("avx2,f16c"))) void reduce_f16c(const void* const* in, int
         }
         store8(acc, out + i);
     }
-    for (std::size_t i = vector_end; i < len; ++i) {
-        float acc = static_cast<float>(*input_at<T>(in, 0, base + i));
-        for (int r = 1; r < n; ++r) {
-            acc = combine1<Op>(acc, static_cast<float>(*input_at<T>(in, r, base + i)));
-        }
-        if (divisor != 1) {
-            acc = acc / static_cast<float>(divisor);
-        }
-        out[i] = T(acc);
-    }
+    reduce_elements<Op>(in, n, base, vector_end, len, divisor, out);
 }
 
 #endif // UNISON_HOST_F16C
@@ -236,16 +244,7 @@ void reduce_block(const void* const* in, int n, std::size_t base, std::size_t le
         return reduce_f16c<Op>(in, n, base, len, divisor, out);
     }
 #endif
-    for (std::size_t i = 0; i < len; ++i) {
-        float acc = static_cast<float>(*input_at<T>(in, 0, base + i));
-        for (int r = 1; r < n; ++r) {
-            acc = combine1<Op>(acc, static_cast<float>(*input_at<T>(in, r, base + i)));
-        }
-        if (divisor != 1) {
-            acc = acc / static_cast<float>(divisor);
-        }
-        out[i] = T(acc);
-    }
+    reduce_elements<Op>(in, n, base, 0, len, divisor, out);
 }
 
 } // namespace unison::detail
