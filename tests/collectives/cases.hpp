@@ -399,6 +399,62 @@ void async_cases(C& comm, std::uint64_t seed = 7000) {
         }
     }
     UNISON_CHECK_CASE(comm, "async all_reduce x6 + all_gather", o);
+
+    // Requests may be waited in any order, different on every rank: the backend must
+    // still match rank r's k-th call with every other rank's k-th call. Each rank
+    // starts its waits at a different request.
+    const std::size_t block = 3001;
+    auto gather_in =
+        Space::make(comm, filled(dtype::f32, block, reduce_op::sum, seed + 200, comm.rank()));
+    auto gather_out =
+        Space::make(comm, host_buffer(dtype::f32, block * static_cast<std::size_t>(n)));
+    auto bcast = Space::make(comm, filled(dtype::f32, 777, reduce_op::sum, seed + 201, 0));
+    if (comm.rank() != 0) {
+        bcast = Space::make(comm, filled(dtype::f32, 777, reduce_op::sum, seed + 202, 1));
+    }
+    auto small = Space::make(comm, filled(dtype::f32, 9, reduce_op::sum, seed + 203, comm.rank()));
+    auto rs_in = Space::make(comm, filled(dtype::f32, 1000 * static_cast<std::size_t>(n),
+                                          reduce_op::sum, seed + 204, comm.rank()));
+    auto rs_out = Space::make(comm, host_buffer(dtype::f32, 1000));
+    auto large =
+        Space::make(comm, filled(dtype::f32, 50000, reduce_op::sum, seed + 205, comm.rank()));
+    std::vector<typename C::request_type> mixed;
+    mixed.push_back(all_gather_async(comm, gather_in.view(), gather_out.view()));
+    mixed.push_back(all_reduce_async(comm, small.view()));
+    mixed.push_back(broadcast_async(comm, bcast.view(), 0));
+    mixed.push_back(all_reduce_async(comm, large.view()));
+    mixed.push_back(reduce_scatter_async(comm, rs_in.view(), rs_out.view()));
+    const std::size_t k = mixed.size();
+    for (std::size_t j = 0; j < k; ++j) {
+        mixed[(j + static_cast<std::size_t>(comm.rank())) % k].wait();
+    }
+    outcome m;
+    const host_buffer& g = Space::read(comm, gather_out);
+    for (int r = 0; r < n && m.first.empty(); ++r) {
+        for (std::size_t i = 0; i < block; ++i) {
+            m.expect(g[static_cast<std::size_t>(r) * block + i] ==
+                         input_value(dtype::f32, reduce_op::sum, seed + 200, r, i),
+                     "all_gather block " + std::to_string(r));
+        }
+    }
+    const host_buffer& bc = Space::read(comm, bcast);
+    for (std::size_t i = 0; i < 777 && m.first.empty(); ++i) {
+        m.expect(bc[i] == input_value(dtype::f32, reduce_op::sum, seed + 201, 0, i), "broadcast");
+    }
+    auto check_sum = [&](const host_buffer& got, std::size_t count, std::uint64_t s,
+                         std::size_t offset, const char* what) {
+        for (std::size_t i = 0; i < count && m.first.empty(); ++i) {
+            const bool ok =
+                same(dtype::f32, got[i], reference(dtype::f32, reduce_op::sum, s, n, offset + i), n,
+                     &why, i);
+            m.expect(ok, [&] { return std::string(what) + ": " + why; });
+        }
+    };
+    check_sum(Space::read(comm, small), 9, seed + 203, 0, "small all_reduce");
+    check_sum(Space::read(comm, large), 50000, seed + 205, 0, "large all_reduce");
+    check_sum(Space::read(comm, rs_out), 1000, seed + 204,
+              1000 * static_cast<std::size_t>(comm.rank()), "reduce_scatter");
+    UNISON_CHECK_CASE(comm, "five collectives waited in a different order on every rank", m);
 }
 
 /// split into even and odd ranks (reversed by key) and reduce within each half.

@@ -1,12 +1,19 @@
-// Mismatch detection and timeouts on the MPI backend. Open MPI 4.1 returns success
-// with wrong data for a count, dtype or op mismatch in MPI_Allreduce, and hangs on a
-// skipped collective; with check_matching both become errors here.
+// Mismatch detection and timeouts on the MPI backend. Open MPI 4.1 by itself
+// returns wrong data, writes past a buffer or hangs when ranks' calls differ in
+// count, dtype or op; every collective of the backend starts with a handshake of
+// the ranks' call signatures, so with default options each of these is a
+// mismatch_error on every rank before any user buffer is handed to MPI.
+// check_matching (UNISON_DEBUG=1) adds an all-gather of the signatures; both modes
+// are tested.
 
 #include <unison/mpi.hpp>
 
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,17 +22,49 @@ using namespace std::chrono_literals;
 
 namespace {
 
-unison::mpi_communicator checked_world(std::chrono::milliseconds timeout = 10s) {
+unison::mpi_communicator world(std::chrono::milliseconds timeout, bool check_matching) {
     unison::comm_options o;
     o.timeout = timeout;
-    o.check_matching = true;
+    o.check_matching = check_matching;
     return unison::mpi_communicator(MPI_COMM_WORLD, o);
 }
 
-} // namespace
+/// Values that differ by rank and index, exact in float and in double sums.
+float value(int rank, std::size_t i) {
+    std::uint64_t h = (static_cast<std::uint64_t>(rank) + 1) * 0x9E3779B97F4A7C15ull + i;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 32;
+    return static_cast<float>(static_cast<int>(h % 2001) - 1000) / 8.0f;
+}
 
-TEST_CASE("mpi: check_matching reports count, dtype, op and root mismatches before data moves") {
-    auto comm = checked_world();
+std::vector<float> values(int rank, std::size_t count) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) {
+        v[i] = value(rank, i);
+    }
+    return v;
+}
+
+/// After the faults, a correct all-reduce on each path still gives the serial sum.
+void check_still_in_step(unison::mpi_communicator& comm) {
+    for (std::size_t count : {std::size_t{37}, std::size_t{70001}}) {
+        CAPTURE(count);
+        std::vector<float> x = values(comm.rank(), count);
+        unison::all_reduce(comm, x);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < count; ++i) {
+            double want = 0;
+            for (int r = 0; r < comm.size(); ++r) {
+                want += value(r, i);
+            }
+            wrong += static_cast<double>(x[i]) != want ? 1 : 0;
+        }
+        CHECK(wrong == 0);
+    }
+}
+
+void mismatch_cases(unison::mpi_communicator& comm) {
     const int last = comm.size() - 1;
     const bool odd_one = comm.rank() == last;
     auto expect = [&](const char* field, auto&& call) {
@@ -42,11 +81,24 @@ TEST_CASE("mpi: check_matching reports count, dtype, op and root mismatches befo
         }
         CHECK(caught);
     };
-    std::vector<float> x(odd_one ? 50 : 100, 1.0f), keep = x;
-    expect("count", [&] { unison::all_reduce(comm, x); });
-    CHECK(x == keep); // nothing moved
-    std::vector<float> f(100, 1.0f);
+    // count, on the small path (the data rides in the handshake) and on the ring path
+    // (Open MPI wrote 256 KiB past the ring's scratch buffer here before the handshake)
+    for (std::size_t count : {std::size_t{1024}, std::size_t{4} << 20}) {
+        CAPTURE(count);
+        std::vector<float> x = values(comm.rank(), odd_one ? count - 256 : count), keep = x;
+        expect("count", [&] { unison::all_reduce(comm, x); });
+        CHECK(x == keep); // nothing moved
+    }
+    std::vector<float> f = values(comm.rank(), 100), keep_f = f;
+    std::vector<std::int32_t> i32(100, 3);
     std::vector<double> d(100, 1.0);
+    expect("dtype", [&] {
+        if (odd_one) {
+            unison::all_reduce(comm, i32);
+        } else {
+            unison::all_reduce(comm, f);
+        }
+    });
     expect("dtype", [&] {
         if (odd_one) {
             unison::all_reduce(comm, d);
@@ -55,8 +107,9 @@ TEST_CASE("mpi: check_matching reports count, dtype, op and root mismatches befo
         }
     });
     expect("op", [&] {
-        unison::all_reduce(comm, f, odd_one ? unison::reduce_op::min : unison::reduce_op::sum);
+        unison::all_reduce(comm, f, odd_one ? unison::reduce_op::max : unison::reduce_op::sum);
     });
+    CHECK(f == keep_f);
     expect("root", [&] { unison::broadcast(comm, f, odd_one ? 1 : 0); });
     std::vector<float> g(100 * static_cast<std::size_t>(comm.size()));
     expect("operation", [&] {
@@ -66,24 +119,43 @@ TEST_CASE("mpi: check_matching reports count, dtype, op and root mismatches befo
             unison::all_reduce(comm, f);
         }
     });
-    // still usable and in step
-    std::vector<float> y(3, 1.0f);
-    unison::all_reduce(comm, y);
-    CHECK(y[0] == float(comm.size()));
+    // count on the paths that post an MPI collective
+    std::vector<float> part(odd_one ? 50 : 100);
+    expect("count", [&] {
+        unison::all_gather(comm, part, std::span(g).first(part.size() * g.size() / 100));
+    });
+    CHECK(f == keep_f);
+    check_still_in_step(comm);
 }
 
-TEST_CASE("mpi: a slow rank makes the others time out with the operation and sequence") {
-    std::vector<float> x(1000, 1.0f); // outlives comm: an abandoned call may still write it
-    unison::comm_options o;
-    o.timeout = 300ms;
-    unison::mpi_communicator comm(MPI_COMM_WORLD, o);
+} // namespace
+
+TEST_CASE("mpi: mismatched count, dtype, op, root or operation is an error before data moves") {
+    SUBCASE("default options: the handshake") {
+        auto comm = world(10s, false);
+        mismatch_cases(comm);
+    }
+    SUBCASE("check_matching: the handshake and the all-gather of signatures") {
+        auto comm = world(10s, true);
+        mismatch_cases(comm);
+    }
+}
+
+TEST_CASE("mpi: a slow rank makes the others time out with the operation, sequence and a rank") {
+    std::vector<float> x = values(0, 1000); // outlives comm: an abandoned call may still write it
+    auto comm = world(300ms, false);
     unison::all_reduce(comm, x); // #0
     if (comm.rank() == 0) {
-        // The slow rank: joins #1 long after the others gave up, so that their
-        // abandoned calls still complete and the job ends cleanly.
+        // The slow rank: joins #1 long after the others gave up. Its call completes
+        // where its partners posted everything it needs before they gave up, and
+        // times out (naming a rank) where it needs a partner that gave up to go on.
         std::this_thread::sleep_for(1500ms);
-        unison::all_reduce(comm, x);
-        MPI_Barrier(MPI_COMM_WORLD);
+        try {
+            unison::all_reduce(comm, x);
+        } catch (const unison::timeout_error& e) {
+            CHECK(std::string(e.what()).find("still waiting to hear from rank") !=
+                  std::string::npos);
+        }
     } else {
         const auto start = std::chrono::steady_clock::now();
         bool timed_out = false;
@@ -93,15 +165,49 @@ TEST_CASE("mpi: a slow rank makes the others time out with the operation and seq
             timed_out = true;
             CHECK(e.sequence() == 1);
             CHECK(e.rank() == comm.rank());
-            CHECK(std::string(e.what()).find("all_reduce #1") != std::string::npos);
+            const std::string what = e.what();
+            CHECK(what.find("all_reduce #1") != std::string::npos);
+            CHECK(what.find("still waiting to hear from rank") != std::string::npos);
         }
         CHECK(timed_out);
         CHECK(std::chrono::steady_clock::now() - start < 1200ms);
         // after a timeout the communicator refuses further work
         CHECK_THROWS_WITH_AS(unison::all_reduce(comm, x), doctest::Contains("unusable"),
                              unison::error);
-        // MPI_Barrier progresses the abandoned all_reduce, which completes once the
-        // slow rank joins it; then everything is quiet before comm is destroyed.
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("mpi: a rank that never joins is named, and the others exit without a second wait") {
+    const auto timeout = 2s;
+    std::vector<float> x = values(1, 5000);
+    std::vector<float> big = values(2, 100000);
+    for (bool ring : {false, true}) {
+        CAPTURE(ring);
+        std::vector<float>& data = ring ? big : x;
+        std::optional<unison::mpi_communicator> comm;
+        comm.emplace(world(timeout, false));
+        unison::all_reduce(*comm, data); // #0: everyone is here
+        const int absent = comm->size() - 1;
+        if (comm->rank() != absent) {
+            const auto start = std::chrono::steady_clock::now();
+            std::string what;
+            try {
+                unison::all_reduce(*comm, data);
+            } catch (const unison::timeout_error& e) {
+                what = e.what();
+            }
+            const auto waited = std::chrono::steady_clock::now() - start;
+            CHECK(what.find("all_reduce #1") != std::string::npos);
+            CHECK(what.find("still waiting to hear from rank") != std::string::npos);
+            // the error comes within the timeout plus a second
+            CHECK(waited < timeout + 1s);
+            const auto before_exit = std::chrono::steady_clock::now();
+            comm.reset();
+            // nothing of the user's is in MPI's hands: no second full timeout
+            CHECK(std::chrono::steady_clock::now() - before_exit < timeout / 2);
+        }
+        comm.reset();
         MPI_Barrier(MPI_COMM_WORLD);
     }
 }

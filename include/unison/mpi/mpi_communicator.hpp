@@ -3,9 +3,11 @@
 /// \file
 /// The MPI backend. Every call is issued non-blocking and completed by polling
 /// against the communicator's deadline, so no wait can hang: a blocking call is
-/// `submit` followed by `wait`. Large all-reduces run as a ring of non-blocking
-/// sends and receives (Open MPI 4.1's MPI_Iallreduce is markedly slower than its
-/// blocking MPI_Allreduce at a megabyte and up; the ring matches the latter).
+/// `submit` followed by `wait`. Every collective starts with a handshake that
+/// checks all ranks' call signatures before any user buffer is handed to MPI, and
+/// completes all-reduces under 64 KiB by itself; larger ones run as a ring of
+/// non-blocking sends and receives (Open MPI 4.1's MPI_Iallreduce is markedly slower
+/// than its blocking MPI_Allreduce at a megabyte and up; the ring matches the latter).
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/communicator.hpp"
@@ -120,29 +122,26 @@ private:
         }
         const bool p2p = call.op == operation::send || call.op == operation::recv;
         const std::uint64_t seq = p2p ? s.p2p_sequence++ : s.sequence++;
-        std::string label = detail::operation_label(call.op, seq);
-        if (p2p) {
-            label +=
-                " (peer " + std::to_string(call.root) + ", tag " + std::to_string(call.tag) + ")";
-        } else if (s.options.check_matching) {
-            check_matching(call, label, seq);
+        if (!p2p && s.options.check_matching) {
+            check_matching(call, seq);
         }
-        auto op = std::make_unique<detail::mpi_operation>(s, call, std::move(label), seq);
+        auto op = s.acquire(call, seq);
         op->start();
         return op;
     }
 
-    /// All-gathers every rank's call signature and compares them with rank 0's.
-    void check_matching(const collective_call& call, const std::string& label, std::uint64_t seq) {
+    /// UNISON_DEBUG's stricter check: all-gathers every rank's call signature and
+    /// compares each with rank 0's (the handshake compares neighbours in its schedule).
+    void check_matching(const collective_call& call, std::uint64_t seq) {
         detail::mpi_rank_state& s = *state_;
         const detail::call_signature mine = detail::signature_of(call);
         std::vector<detail::call_signature> all(static_cast<std::size_t>(s.size));
         constexpr int words = sizeof(detail::call_signature) / sizeof(std::uint64_t);
         collective_call exchange{operation::all_gather, &mine, all.data(), words, {}, dtype::i64};
-        auto op =
-            std::make_unique<detail::mpi_operation>(s, exchange, label + " (matching check)", seq);
+        auto op = s.acquire(exchange, seq);
         op->start();
         s.wait(std::move(op));
+        const std::string label = detail::operation_label(call.op, seq);
         for (int q = 1; q < s.size; ++q) {
             detail::check_signature(s.rank, label, 0, all[0], q, all[static_cast<std::size_t>(q)]);
         }

@@ -1,10 +1,13 @@
 #pragma once
 
 /// \file
-/// One call of the MPI backend in flight: `mpi_operation` posts it as non-blocking
-/// MPI calls (or as a ring, ring_allreduce.hpp) and drives it to completion by
-/// polling; `mpi_rank_state`, which every request of a communicator points at,
-/// bounds each wait by the communicator's timeout and keeps the calls that timed out.
+/// One call of the MPI backend in flight: `mpi_operation` first runs the call's
+/// handshake (handshake.hpp: every rank's signature checked, small all-reduces done
+/// along the way), then posts the rest as non-blocking MPI calls (or as a ring,
+/// ring_allreduce.hpp) and drives it to completion by polling; `mpi_rank_state`,
+/// which every request of a communicator points at, bounds each wait by the
+/// communicator's timeout, keeps the calls that timed out, and recycles operations
+/// so that a call allocates nothing once the communicator has warmed up.
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/detail/validate.hpp"
@@ -14,6 +17,7 @@
 #include "unison/core/dtype.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/reduce_op.hpp"
+#include "unison/mpi/detail/handshake.hpp"
 #include "unison/mpi/detail/mpi_check.hpp"
 #include "unison/mpi/detail/ring_allreduce.hpp"
 
@@ -24,6 +28,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,6 +71,35 @@ public:
         }
     }
 
+    /// An operation set up for `call`, the `sequence`-th call of its kind (recycled
+    /// when one is free).
+    std::unique_ptr<mpi_operation> acquire(const collective_call& call, std::uint64_t sequence);
+    /// Takes back a finished operation for reuse.
+    void recycle(std::unique_ptr<mpi_operation> op) noexcept;
+
+    /// Registers a started call with the progress engine: progress() drives every
+    /// registered call, in issue order, whichever request is being waited. Only
+    /// then may ranks wait their requests in different orders: a handshake or ring
+    /// step of one call can need a peer that is waiting for another.
+    void activate(mpi_operation* op) { in_flight_.push_back(op); }
+    /// One pass over every call in flight (errors are kept in each call).
+    void progress() noexcept;
+    /// Forgets `op` (finished, recycled or destroyed).
+    void deactivate(mpi_operation* op) noexcept {
+        erase_from(in_flight_, op);
+        erase_from(to_post_, op);
+    }
+
+    /// Queues `op`, whose call posts an MPI collective once its handshake is done.
+    /// MPI matches collectives by the order they are posted in, so they are posted in
+    /// the order they were issued, whatever order their handshakes finish in.
+    void queue_post(mpi_operation* op) { to_post_.push_back(op); }
+    /// True when `op` is the earliest call still to post its MPI collective.
+    bool may_post(const mpi_operation* op) const noexcept {
+        return !to_post_.empty() && to_post_.front() == op;
+    }
+    void posted(mpi_operation* op) noexcept { erase_from(to_post_, op); }
+
     /// Polls `op` to completion or throws timeout_error at the deadline (after which
     /// the communicator is unusable: MPI cannot cancel a collective).
     void wait(std::unique_ptr<mpi_operation> op);
@@ -90,22 +125,98 @@ public:
 
 private:
     std::vector<std::vector<std::byte>> scratch_;
+    std::vector<std::unique_ptr<mpi_operation>> free_;
+    std::deque<mpi_operation*> to_post_;
+    std::vector<mpi_operation*> in_flight_; ///< calls in flight, in issue order
+
+    template <class Seq>
+    static void erase_from(Seq& seq, mpi_operation* op) noexcept {
+        for (auto it = seq.begin(); it != seq.end(); ++it) {
+            if (*it == op) {
+                seq.erase(it);
+                return;
+            }
+        }
+    }
 };
 
-/// One issued call: posted MPI requests, plus the ring schedule for large all-reduces.
+/// One issued call: its handshake, then posted MPI requests or the ring schedule.
 class mpi_operation {
 public:
-    mpi_operation(mpi_rank_state& s, const collective_call& c, std::string label, std::uint64_t seq)
-        : state_(s), call_(c), label_(std::move(label)), sequence_(seq) {}
+    explicit mpi_operation(mpi_rank_state& s) : state_(s) {}
     mpi_operation(const mpi_operation&) = delete;
     mpi_operation& operator=(const mpi_operation&) = delete;
-    ~mpi_operation() { state_.give_scratch(std::move(scratch_)); }
+    ~mpi_operation() {
+        state_.deactivate(this);
+        state_.give_scratch(std::move(scratch_));
+    }
 
-    const std::string& label() const noexcept { return label_; }
+    /// Sets the operation up for `c`, the `seq`-th call of its kind.
+    void reset(const collective_call& c, std::uint64_t seq) {
+        state_.deactivate(this);
+        call_ = c;
+        label_ = call_label{c.op, seq, c.root, c.tag};
+        sequence_ = seq;
+        requests_[0] = requests_[1] = MPI_REQUEST_NULL;
+        active_ = 0;
+        done_ = divide_ = copy_back_ = ordered_ = false;
+        error_ = nullptr;
+        phase_ = phase::posted;
+        ring_.reset();
+        state_.give_scratch(std::move(scratch_));
+        scratch_ = {};
+    }
+
+    std::string label() const { return label_.str(); }
     std::uint64_t sequence() const noexcept { return sequence_; }
 
-    /// Posts the call.
+    /// The rank this call is waiting to hear from, when it knows; -1 otherwise.
+    int waiting_for() const noexcept {
+        if (phase_ == phase::handshake) {
+            return handshake_.waiting_for();
+        }
+        return ring_ ? ring_->previous() : -1;
+    }
+    /// True while only staging buffers (never the user's) are in MPI's hands.
+    bool in_handshake() const noexcept { return phase_ == phase::handshake; }
+    /// Gives up a call abandoned in its handshake.
+    void cancel_handshake() noexcept {
+        handshake_.cancel();
+        done_ = true;
+    }
+
+    /// Starts the call: a collective with its handshake (which completes small
+    /// all-reduces by itself), a send or receive directly.
     void start() {
+        const collective_call& c = call_;
+        state_.activate(this);
+        if (c.op == operation::send || c.op == operation::recv) {
+            post_call();
+            return;
+        }
+        if (!send_stage_) {
+            send_stage_ = std::make_unique<std::byte[]>(mpi_staging_bytes);
+            recv_stage_ = std::make_unique<std::byte[]>(mpi_staging_bytes);
+        }
+        const bool small = c.count * size_of(c.type) < mpi_ring_min_bytes;
+        fused_ = c.op == operation::all_reduce && small;
+        // The ring matches its messages by tag; every other collective but the
+        // barrier (which the handshake is) posts an MPI collective, in issue order.
+        ordered_ = c.op != operation::barrier &&
+                   !(c.op == operation::all_reduce && (small || state_.size > 1));
+        phase_ = phase::handshake;
+        handshake_.start(state_.comm, state_.rank, state_.size,
+                         mpi_handshake_tag_base + static_cast<int>(sequence_ % mpi_handshake_tags),
+                         c, sequence_, fused_, send_stage_.get(), recv_stage_.get(), &label_);
+        if (ordered_) {
+            state_.queue_post(this);
+        }
+    }
+
+private:
+    /// Posts the call itself (after the handshake, for a collective).
+    void post_call() {
+        phase_ = phase::posted;
         const collective_call& c = call_;
         const MPI_Datatype t = mpi_datatype(c.type);
         const int n = state_.size;
@@ -198,27 +309,71 @@ public:
             post(MPI_Irecv(c.recv, int_count(c.count), t, c.root, c.tag, comm, next_request()),
                  "MPI_Irecv");
             return;
-        case operation::barrier:
-            post(MPI_Ibarrier(comm, next_request()), "MPI_Ibarrier");
+        case operation::barrier: // the handshake was one
             return;
         }
     }
 
-    /// Drives the call forward; true once it is complete (results final).
+public:
+    /// Drives every call in flight forward; true once this one is complete (results
+    /// final). Throws this call's error.
     bool progress() {
+        if (!done_) {
+            state_.progress();
+        }
+        if (error_) {
+            std::rethrow_exception(error_);
+        }
+        return done_;
+    }
+    bool done() const noexcept { return done_; }
+
+    /// One step of this call, as part of the engine's pass; an error ends the call
+    /// and is kept for its own wait.
+    void advance() noexcept {
         if (done_) {
-            return true;
+            return;
+        }
+        try {
+            step();
+        } catch (...) {
+            if (phase_ == phase::handshake) {
+                state_.posted(this); // never will
+            }
+            done_ = true;
+            error_ = std::current_exception();
+        }
+    }
+
+private:
+    void step() {
+        if (phase_ == phase::handshake) {
+            if (!handshake_.progress()) {
+                return;
+            }
+            if (fused_) {
+                done_ = true;
+                return;
+            }
+            if (ordered_) {
+                if (!state_.may_post(this)) {
+                    return; // an earlier call posts first
+                }
+                state_.posted(this);
+            }
+            post_call();
         }
         if (ring_) {
             if (!ring_->progress()) {
-                return false;
+                return;
             }
         } else {
             int flag = 0;
             MPI_Status statuses[2];
-            UNISON_CHECK_MPI(MPI_Testall(active_, requests_, &flag, statuses), state_.rank, label_);
+            UNISON_CHECK_MPI(MPI_Testall(active_, requests_, &flag, statuses), state_.rank,
+                             label());
             if (flag == 0) {
-                return false;
+                return;
             }
             active_ = 0;
             if (call_.op == operation::recv) {
@@ -226,13 +381,11 @@ public:
             }
         }
         finish();
-        return true;
     }
 
-private:
     void check_int(std::size_t count) const {
         if (count > static_cast<std::size_t>(INT_MAX)) {
-            throw argument_error(state_.rank, label_,
+            throw argument_error(state_.rank, label(),
                                  std::to_string(count) +
                                      " elements exceed MPI's int count limit; split the call");
         }
@@ -247,7 +400,7 @@ private:
     MPI_Request* next_request() noexcept { return &requests_[active_]; }
     void post(int rc, const char* what) {
         if (rc != MPI_SUCCESS) {
-            throw_mpi_error(rc, state_.rank, label_, what);
+            throw_mpi_error(rc, state_.rank, label(), what);
         }
         ++active_;
     }
@@ -256,7 +409,7 @@ private:
         int got = 0;
         MPI_Get_count(&status, mpi_datatype(call_.type), &got);
         if (static_cast<std::size_t>(got) != call_.count) {
-            throw mismatch_error(state_.rank, label_,
+            throw mismatch_error(state_.rank, label(),
                                  "expected " + describe(call_.count, call_.type) + " from rank " +
                                      std::to_string(call_.root) + " but " + std::to_string(got) +
                                      " arrived",
@@ -277,10 +430,18 @@ private:
         }
     }
 
+    enum class phase { handshake, posted };
+
     mpi_rank_state& state_;
     collective_call call_;
-    std::string label_;
-    std::uint64_t sequence_;
+    call_label label_;
+    std::uint64_t sequence_ = 0;
+    phase phase_ = phase::posted;
+    mpi_handshake handshake_;
+    bool fused_ = false;       ///< a small all-reduce, done inside the handshake
+    bool ordered_ = false;     ///< posts an MPI collective, in issue order
+    std::exception_ptr error_; ///< kept when another call's wait drove this one
+    std::unique_ptr<std::byte[]> send_stage_, recv_stage_;
     MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int active_ = 0;
     bool done_ = false;
@@ -291,11 +452,46 @@ private:
     std::vector<int> counts_, displs_;
 };
 
+inline std::unique_ptr<mpi_operation> mpi_rank_state::acquire(const collective_call& call,
+                                                              std::uint64_t sequence) {
+    std::unique_ptr<mpi_operation> op;
+    if (free_.empty()) {
+        op = std::make_unique<mpi_operation>(*this);
+    } else {
+        op = std::move(free_.back());
+        free_.pop_back();
+    }
+    op->reset(call, sequence);
+    return op;
+}
+
+inline void mpi_rank_state::progress() noexcept {
+    // By index: a pass only finishes calls, it never starts or destroys one.
+    for (std::size_t i = 0; i < in_flight_.size(); ++i) {
+        in_flight_[i]->advance();
+    }
+    std::erase_if(in_flight_, [](const mpi_operation* op) { return op->done(); });
+}
+
+inline void mpi_rank_state::recycle(std::unique_ptr<mpi_operation> op) noexcept {
+    if (free_.size() < 16) {
+        free_.push_back(std::move(op));
+    }
+}
+
 inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
     const auto start = clock::now();
     const auto deadline = start + options.timeout;
     for (std::size_t polls = 1;; ++polls) {
-        if (op->progress()) {
+        bool done = false;
+        try {
+            done = op->progress();
+        } catch (const mismatch_error&) {
+            recycle(std::move(op)); // the handshake completed; nothing is in flight
+            throw;
+        }
+        if (done) {
+            recycle(std::move(op));
             return;
         }
         if ((polls & 63) == 0) {
@@ -303,13 +499,17 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
             if (now >= deadline) {
                 const std::string label = op->label();
                 const std::uint64_t seq = op->sequence();
+                const int peer = op->waiting_for();
                 poisoned = label + " timed out";
                 abandoned.push_back(std::move(op)); // MPI may still write its buffers
-                throw timeout_error(rank, label,
-                                    "not complete after " +
-                                        std::to_string(options.timeout.count()) +
-                                        " ms: a peer is slow, dead, or skipped this call",
-                                    seq);
+                throw timeout_error(
+                    rank, label,
+                    "not complete after " + std::to_string(options.timeout.count()) + " ms: " +
+                        (peer >= 0 ? "still waiting to hear from rank " + std::to_string(peer) +
+                                         " (it, or a rank it waits for, is slow, "
+                                         "dead, or skipped this call)"
+                                   : "a peer is slow, dead, or skipped this call"),
+                    seq);
             }
             if (now - start > std::chrono::milliseconds(1)) {
                 std::this_thread::yield(); // let an oversubscribed peer run
@@ -319,16 +519,27 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
 }
 
 inline mpi_rank_state::~mpi_rank_state() {
+    free_.clear(); // while the queue they would leave still exists
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) {
         return;
     }
-    // Give abandoned calls one more timeout to finish (a slow peer may still join);
-    // a call still pending then is leaked along with the communicator.
+    // A call abandoned in its handshake holds only its own staging buffers: cancel it
+    // and keep the buffers (a late peer may still read them). Give the others one
+    // more timeout to finish (a slow peer may still join). Either way, a call not
+    // complete is leaked along with the communicator: freeing it would let MPI give
+    // its context to a new communicator, which would then receive the messages a
+    // peer sent to the abandoned call.
     const auto deadline = clock::now() + options.timeout;
     bool all_done = true;
     for (auto& op : abandoned) {
+        if (op->in_handshake()) {
+            op->cancel_handshake();
+            (void)op.release();
+            all_done = false;
+            continue;
+        }
         try {
             while (!op->progress() && clock::now() < deadline) {
                 std::this_thread::yield();

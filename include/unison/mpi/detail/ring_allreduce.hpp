@@ -10,6 +10,7 @@
 #include "unison/core/detail/host_reduce.hpp"
 #include "unison/core/dtype.hpp"
 #include "unison/core/reduce_op.hpp"
+#include "unison/mpi/detail/handshake.hpp"
 #include "unison/mpi/detail/mpi_check.hpp"
 
 #include <mpi.h>
@@ -25,9 +26,14 @@ namespace unison::detail {
 /// All-reduces of at least this many bytes use the ring (measured crossover on
 /// Open MPI 4.1 over shared memory; see docs/performance.md).
 inline constexpr std::size_t mpi_ring_min_bytes = 64 * 1024;
-/// Tags at or above max_user_tag are reserved; the ring uses one per collective.
+/// Tags above max_user_tag are reserved: the ring uses one per collective from the
+/// first 1024, the handshake (handshake.hpp) one from the next 1024, both by the
+/// call's sequence number, so calls in flight at once never match each other's
+/// messages. Every tag stays below 32767, the least MPI_TAG_UB MPI allows.
 inline constexpr int mpi_ring_tag_base = max_user_tag + 1;
-inline constexpr int mpi_ring_tags = 2048;
+inline constexpr int mpi_ring_tags = 1024;
+inline constexpr int mpi_handshake_tag_base = mpi_ring_tag_base + mpi_ring_tags;
+inline constexpr int mpi_handshake_tags = 1024;
 /// Ring messages are cut into segments of this size so that reducing one overlaps
 /// receiving the next.
 inline constexpr std::size_t mpi_ring_segment_bytes = 256 * 1024;
@@ -39,13 +45,16 @@ public:
     /// The all-reduce `call`, the `sequence`-th collective of rank `rank` of the
     /// `size` ranks of `comm`; errors name `label`.
     mpi_ring_allreduce(MPI_Comm comm, int rank, int size, const collective_call& call,
-                       const std::string& label, std::uint64_t sequence)
+                       const call_label& label, std::uint64_t sequence)
         : comm_(comm), rank_(rank), size_(size), call_(call), label_(label), sequence_(sequence) {}
     mpi_ring_allreduce(const mpi_ring_allreduce&) = delete;
     mpi_ring_allreduce& operator=(const mpi_ring_allreduce&) = delete;
 
     /// Bytes of scratch the ring needs: one chunk, the largest.
     std::size_t scratch_bytes() const noexcept { return chunk_len(0) * size_of(call_.type); }
+
+    /// The rank this one receives from.
+    int previous() const noexcept { return (rank_ + size_ - 1) % size_; }
 
     /// Posts the first step; `scratch` holds scratch_bytes() until the ring is done.
     void start(std::byte* scratch) {
@@ -67,7 +76,7 @@ public:
                 int flag = 0;
                 UNISON_CHECK_MPI(MPI_Test(&requests_[static_cast<std::size_t>(reduced_)], &flag,
                                           MPI_STATUS_IGNORE),
-                                 rank_, label_);
+                                 rank_, label_.str());
                 if (flag == 0) {
                     return false;
                 }
@@ -86,7 +95,7 @@ public:
             UNISON_CHECK_MPI(MPI_Testall(static_cast<int>(requests_.size()) - recv_segments_,
                                          requests_.data() + recv_segments_, &flag,
                                          MPI_STATUSES_IGNORE),
-                             rank_, label_);
+                             rank_, label_.str());
             if (flag == 0) {
                 return false;
             }
@@ -170,7 +179,7 @@ private:
 
     void check(int rc, const char* what) const {
         if (rc != MPI_SUCCESS) {
-            throw_mpi_error(rc, rank_, label_, what);
+            throw_mpi_error(rc, rank_, label_.str(), what);
         }
     }
 
@@ -178,7 +187,7 @@ private:
     int rank_;
     int size_;
     const collective_call& call_;
-    const std::string& label_;
+    const call_label& label_;
     std::uint64_t sequence_;
     std::byte* scratch_ = nullptr; ///< one chunk: the partial sum arriving in a reduce-scatter step
     int step_ = 0;

@@ -1,0 +1,394 @@
+#pragma once
+
+/// \file
+/// The first exchange of every collective of the MPI backend: each rank's call
+/// signature travels to every other rank by recursive doubling of point-to-point
+/// messages, so that a call that differs across ranks (count, dtype, op, root,
+/// operation, tag, sequence) is a `mismatch_error` on every rank before any user
+/// buffer is handed to MPI. Small all-reduces ride along: their data follows the
+/// header in the same messages and is reduced at each step, so for them the check
+/// costs nothing and the call is one exchange per doubling step.
+///
+/// A rank that finds a difference keeps to the schedule but sends the fault (both
+/// signatures and ranks) instead of data, so every rank hears of it within the
+/// same exchange and throws the same error. Messages are received into staging
+/// buffers large enough for any well-formed message, so a peer that sends more
+/// than expected can never write past a buffer.
+
+#include "unison/comm/collective.hpp"
+#include "unison/comm/detail/matching.hpp"
+#include "unison/core/detail/host_reduce.hpp"
+#include "unison/core/dtype.hpp"
+#include "unison/core/error.hpp"
+#include "unison/core/reduce_op.hpp"
+#include "unison/mpi/detail/mpi_check.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace unison::detail {
+
+/// What names a call in errors, built only when an error needs it.
+struct call_label {
+    operation op = operation::barrier;
+    std::uint64_t sequence = 0;
+    int peer = -1; ///< send/recv only
+    int tag = 0;   ///< send/recv only
+
+    /// "all_reduce #12", or "send #3 (peer 1, tag 7)".
+    std::string str() const {
+        std::string s = operation_label(op, sequence);
+        if (op == operation::send || op == operation::recv) {
+            s += " (peer " + std::to_string(peer) + ", tag " + std::to_string(tag) + ")";
+        }
+        return s;
+    }
+};
+
+/// The header at the front of every handshake message.
+struct mpi_call_header {
+    call_signature signature;
+    std::uint64_t sequence = 0;
+    std::uint64_t faulted = 0;   ///< 1: an mpi_call_fault follows instead of data
+    std::uint64_t following = 0; ///< bytes of data this step sends after the header
+};
+
+/// Two ranks whose calls differ, as the rank that found it saw them.
+struct mpi_call_fault {
+    std::uint64_t ref_rank = 0;
+    call_signature ref;
+    std::uint64_t ref_sequence = 0;
+    std::uint64_t other_rank = 0;
+    call_signature other;
+    std::uint64_t other_sequence = 0;
+};
+
+/// All-reduces of at most this many bytes travel inside the handshake.
+inline constexpr std::size_t mpi_fused_max_bytes = 64 * 1024;
+inline constexpr std::size_t mpi_header_bytes = sizeof(mpi_call_header);
+/// The first message of a step carries the header and at most this many bytes in
+/// all; data beyond it follows in a second message. Transports send a message up
+/// to some size at once and a larger one only after a round trip (Open MPI over
+/// shared memory: 4 KiB including its own headers), so the header must not push a
+/// 4 KiB all-reduce past it (measured: 3x slower at 4 KiB; docs/performance.md).
+inline constexpr std::size_t mpi_first_message_bytes = 4000;
+/// Bytes of one staging buffer: the most a well-formed peer sends in one step.
+inline constexpr std::size_t mpi_staging_bytes =
+    mpi_header_bytes + sizeof(mpi_call_fault) + mpi_fused_max_bytes;
+
+static_assert(mpi_header_bytes + sizeof(mpi_call_fault) <= mpi_first_message_bytes,
+              "a fault fits in the first message");
+static_assert(sizeof(mpi_call_header) % 8 == 0, "data after the header stays 8-byte aligned");
+
+inline bool same_call(const mpi_call_header& a, const mpi_call_header& b) noexcept {
+    return std::memcmp(&a.signature, &b.signature, sizeof(call_signature)) == 0 &&
+           a.sequence == b.sequence;
+}
+
+/// Throws the mismatch_error that `f` describes.
+[[noreturn]] inline void throw_fault(int rank, const std::string& label, const mpi_call_fault& f) {
+    const int ref = static_cast<int>(f.ref_rank), other = static_cast<int>(f.other_rank);
+    check_signature(rank, label, ref, f.ref, other, f.other);
+    throw mismatch_error(rank, label,
+                         "sequence differs: rank " + std::to_string(ref) + " is at collective #" +
+                             std::to_string(f.ref_sequence) + " but rank " + std::to_string(other) +
+                             " at #" + std::to_string(f.other_sequence) +
+                             " (a rank skipped a call or one failed on some ranks only)",
+                         other, "sequence");
+}
+
+/// One handshake: the recursive-doubling schedule over `size` ranks (with the usual
+/// fold of the ranks beyond the largest power of two into their neighbours), the
+/// requests of the current step, and, for a fused all-reduce, the partial result.
+class mpi_handshake {
+public:
+    /// Starts the handshake of `call` (the `sequence`-th collective) on `comm`, with
+    /// messages tagged `tag`. With `fused`, `call` is an all-reduce whose data rides
+    /// along and whose result is final once progress() returns true. `send_stage`
+    /// and `recv_stage` hold mpi_staging_bytes each until then.
+    void start(MPI_Comm comm, int rank, int size, int tag, const collective_call& call,
+               std::uint64_t sequence, bool fused, std::byte* send_stage, std::byte* recv_stage,
+               const call_label* label) {
+        comm_ = comm;
+        rank_ = rank;
+        size_ = size;
+        tag_ = tag;
+        call_ = &call;
+        fused_ = fused;
+        send_ = send_stage;
+        recv_ = recv_stage;
+        label_ = label;
+        faulted_ = false;
+        result_written_ = false;
+        mine_ = mpi_call_header{signature_of(call), sequence, 0, fused ? bytes() : 0};
+        plan();
+        std::memcpy(send_, &mine_, mpi_header_bytes);
+        if (fused_ && bytes() != 0) {
+            std::memcpy(send_ + mpi_header_bytes, call.send, bytes());
+        }
+        current_ = 0;
+        if (current_ < steps_) {
+            post();
+        }
+    }
+
+    /// Drives the schedule; true once every step is done. Throws mismatch_error (on
+    /// every rank) when the calls differ.
+    bool progress() {
+        while (current_ < steps_) {
+            const step& s = plan_[static_cast<std::size_t>(current_)];
+            int flag = 0;
+            if (s.recv && !first_arrived_) {
+                // Post the receive of a second message, if the peer's header announces
+                // one, before waiting for this rank's own sends: a large send may
+                // complete only once the peer has posted its receive.
+                MPI_Status status;
+                UNISON_CHECK_MPI(MPI_Test(&requests_[0], &flag, &status), rank_, label_->str());
+                if (flag == 0) {
+                    return false;
+                }
+                first_arrived_ = true;
+                receive_first(s, status);
+            }
+            UNISON_CHECK_MPI(MPI_Testall(4, requests_, &flag, MPI_STATUSES_IGNORE), rank_,
+                             label_->str());
+            if (flag == 0) {
+                return false;
+            }
+            if (s.recv) {
+                receive(s);
+            }
+            ++current_;
+            if (current_ < steps_) {
+                post();
+            }
+        }
+        if (faulted_) {
+            throw_fault(rank_, label_->str(), fault_);
+        }
+        if (fused_ && !result_written_ && call_->recv != call_->send && bytes() != 0) {
+            std::memcpy(call_->recv, call_->send, bytes()); // one rank
+        }
+        return true;
+    }
+
+    /// The rank whose message this rank is waiting for, or -1.
+    int waiting_for() const noexcept {
+        if (current_ >= steps_) {
+            return -1;
+        }
+        const step& s = plan_[static_cast<std::size_t>(current_)];
+        return s.recv ? s.peer : -1;
+    }
+
+    /// Cancels what is still posted (after a timeout, when the call is abandoned).
+    /// Only the staging buffers are in MPI's hands, never the user's.
+    void cancel() noexcept {
+        for (int i : {0, 1}) {
+            if (requests_[i] != MPI_REQUEST_NULL) {
+                MPI_Cancel(&requests_[i]);
+                MPI_Wait(&requests_[i], MPI_STATUS_IGNORE);
+            }
+        }
+        for (int i : {2, 3}) {
+            if (requests_[i] != MPI_REQUEST_NULL) {
+                MPI_Request_free(&requests_[i]); // completes (or not) on its own
+            }
+        }
+        current_ = steps_;
+    }
+
+private:
+    struct step {
+        int peer = -1;
+        bool send = false;
+        bool recv = false;
+        bool reduce = false; ///< fold the received data into the partial result
+        bool final = false;  ///< the received data is the result (from the folding partner)
+    };
+
+    std::size_t bytes() const noexcept { return call_->count * size_of(call_->type); }
+
+    /// The schedule (MPICH's recursive doubling): p = the largest power of two <= size,
+    /// rem = size - p. Of the first 2 rem ranks, each even one hands its data to the
+    /// odd one after it and gets the result back at the end; the other p ranks
+    /// exchange with the partner at distance 1, 2, 4, ... in their own numbering.
+    void plan() {
+        steps_ = 0;
+        last_reduce_ = -1;
+        const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(size_)));
+        const int rem = size_ - p;
+        if (rank_ < 2 * rem && rank_ % 2 == 0) {
+            add({rank_ + 1, true, true, false, true});
+            return;
+        }
+        if (rank_ < 2 * rem) {
+            add({rank_ - 1, false, true, true, false});
+        }
+        const int me = rank_ < 2 * rem ? rank_ / 2 : rank_ - rem;
+        for (int mask = 1; mask < p; mask <<= 1) {
+            const int partner = me ^ mask;
+            add({partner < rem ? partner * 2 + 1 : partner + rem, true, true, true, false});
+        }
+        if (rank_ < 2 * rem) {
+            add({rank_ - 1, true, false, false, false});
+        }
+        // The last reduction writes the result; a rank that passes it on keeps it in
+        // its send stage too.
+        for (int i = 0; i < steps_; ++i) {
+            if (plan_[static_cast<std::size_t>(i)].reduce) {
+                last_reduce_ = i;
+            }
+        }
+    }
+    void add(step s) { plan_[static_cast<std::size_t>(steps_++)] = s; }
+
+    /// Posts the current step: the receive of the peer's first message, and this
+    /// rank's message, in two parts when its data does not fit in the first.
+    void post() {
+        const step& s = plan_[static_cast<std::size_t>(current_)];
+        for (MPI_Request& r : requests_) {
+            r = MPI_REQUEST_NULL;
+        }
+        first_arrived_ = false;
+        if (s.recv) {
+            UNISON_CHECK_MPI(MPI_Irecv(recv_, static_cast<int>(mpi_staging_bytes), MPI_BYTE, s.peer,
+                                       tag_, comm_, &requests_[0]),
+                             rank_, label_->str());
+        }
+        if (s.send) {
+            const std::size_t whole =
+                mpi_header_bytes + (faulted_ ? sizeof(mpi_call_fault) : mine_.following);
+            const std::size_t first = std::min(whole, mpi_first_message_bytes);
+            UNISON_CHECK_MPI(MPI_Isend(send_, static_cast<int>(first), MPI_BYTE, s.peer, tag_,
+                                       comm_, &requests_[2]),
+                             rank_, label_->str());
+            if (whole > first) {
+                UNISON_CHECK_MPI(MPI_Isend(send_ + first, static_cast<int>(whole - first), MPI_BYTE,
+                                           s.peer, tag_, comm_, &requests_[3]),
+                                 rank_, label_->str());
+            }
+        }
+    }
+
+    /// The peer's first message: its header says whether a second one follows, and
+    /// that one is received whatever else the header says, so that no message of
+    /// this call is left behind for a later call to match.
+    void receive_first(const step& s, const MPI_Status& status) {
+        int got = 0;
+        MPI_Get_count(&status, MPI_BYTE, &got);
+        const auto n = static_cast<std::size_t>(got);
+        if (n < mpi_header_bytes) {
+            throw mismatch_error(rank_, label_->str(),
+                                 "rank " + std::to_string(s.peer) + " sent a " + std::to_string(n) +
+                                     "-byte message where a call header was due: it is not "
+                                     "running this collective",
+                                 s.peer, "operation");
+        }
+        std::memcpy(&theirs_, recv_, mpi_header_bytes);
+        first_bytes_ = n;
+        const std::size_t data = theirs_.faulted != 0
+                                     ? sizeof(mpi_call_fault)
+                                     : static_cast<std::size_t>(std::min<std::uint64_t>(
+                                           theirs_.following, mpi_staging_bytes));
+        if (mpi_header_bytes + data > n && n == mpi_first_message_bytes) {
+            UNISON_CHECK_MPI(MPI_Irecv(recv_ + n, static_cast<int>(mpi_staging_bytes - n), MPI_BYTE,
+                                       s.peer, tag_, comm_, &requests_[1]),
+                             rank_, label_->str());
+        }
+    }
+
+    /// The peer's whole message is here: compare the calls, then reduce its data.
+    void receive(const step& s) {
+        const mpi_call_header& theirs = theirs_;
+        const std::size_t n = first_bytes_;
+        if (theirs.faulted != 0 && n >= mpi_header_bytes + sizeof(mpi_call_fault)) {
+            // Pairs that found different faults converge on the one with the lowest
+            // ranks, so that every rank throws the same error.
+            mpi_call_fault f;
+            std::memcpy(&f, recv_ + mpi_header_bytes, sizeof(mpi_call_fault));
+            if (!faulted_ || std::pair(f.ref_rank, f.other_rank) <
+                                 std::pair(fault_.ref_rank, fault_.other_rank)) {
+                fault_ = f;
+                set_faulted();
+            }
+            return;
+        }
+        if (faulted_) {
+            return; // already failing; keep to the schedule so every rank hears
+        }
+        if (!same_call(mine_, theirs)) {
+            const bool me_first = rank_ < s.peer;
+            fault_.ref_rank = static_cast<std::uint64_t>(me_first ? rank_ : s.peer);
+            fault_.other_rank = static_cast<std::uint64_t>(me_first ? s.peer : rank_);
+            fault_.ref = (me_first ? mine_ : theirs).signature;
+            fault_.ref_sequence = (me_first ? mine_ : theirs).sequence;
+            fault_.other = (me_first ? theirs : mine_).signature;
+            fault_.other_sequence = (me_first ? theirs : mine_).sequence;
+            set_faulted();
+            return;
+        }
+        if (!fused_ || bytes() == 0) {
+            return;
+        }
+        const collective_call& c = *call_;
+        std::byte* partial = send_ + mpi_header_bytes;
+        const std::byte* arrived = recv_ + mpi_header_bytes;
+        if (s.final) {
+            std::memcpy(c.recv, arrived, bytes());
+            result_written_ = true;
+            return;
+        }
+        const bool last = current_ == last_reduce_;
+        const bool passes_on = last && current_ + 1 < steps_;
+        void* out = last && !passes_on ? c.recv : partial;
+        const void* inputs[2] = {partial, arrived};
+        void* outputs[1] = {out};
+        host_reduce(c.type, c.reduction, inputs, 2, outputs, 1, c.count,
+                    last && c.reduction == reduce_op::avg ? size_ : 1);
+        if (last) {
+            if (passes_on) {
+                std::memcpy(c.recv, partial, bytes());
+            }
+            result_written_ = true;
+        }
+    }
+
+    void set_faulted() {
+        faulted_ = true;
+        mine_.faulted = 1;
+        mine_.following = 0;
+        std::memcpy(send_, &mine_, mpi_header_bytes);
+        std::memcpy(send_ + mpi_header_bytes, &fault_, sizeof(mpi_call_fault));
+    }
+
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    int rank_ = 0, size_ = 1, tag_ = 0;
+    const collective_call* call_ = nullptr;
+    bool fused_ = false;
+    std::byte* send_ = nullptr;
+    std::byte* recv_ = nullptr;
+    const call_label* label_ = nullptr;
+    mpi_call_header mine_;
+    mpi_call_header theirs_;      ///< the current step's peer header
+    std::size_t first_bytes_ = 0; ///< bytes of the peer's first message
+    bool first_arrived_ = false;
+    bool faulted_ = false;
+    bool result_written_ = false;
+    mpi_call_fault fault_;
+    std::array<step, 66> plan_{}; ///< at most 2 + log2(INT_MAX) steps
+    int steps_ = 0, current_ = 0, last_reduce_ = -1;
+    /// Receives of the peer's first and second message, sends of this rank's.
+    MPI_Request requests_[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
+                                MPI_REQUEST_NULL};
+};
+
+} // namespace unison::detail
