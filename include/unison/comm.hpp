@@ -9,4 +9,5 @@
 #include "unison/comm/counting_communicator.hpp"
 #include "unison/comm/launcher.hpp"
 #include "unison/comm/options.hpp"
+#include "unison/comm/stepped_communicator.hpp"
 #include "unison/core.hpp"

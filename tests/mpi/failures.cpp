@@ -6,6 +6,8 @@
 // check_matching (UNISON_DEBUG=1) adds an all-gather of the signatures; both modes
 // are tested.
 
+#include "../support/skipped_call.hpp"
+
 #include <unison/mpi.hpp>
 
 #include <doctest/doctest.h>
@@ -209,5 +211,16 @@ TEST_CASE("mpi: a rank that never joins is named, and the others exit without a 
         }
         comm.reset();
         MPI_Barrier(MPI_COMM_WORLD);
+    }
+}
+
+TEST_CASE("mpi: a rank that skips a call in a stepped loop is caught at its next call") {
+    SUBCASE("default options: the handshake") {
+        auto comm = world(10s, false);
+        unison::test::skipped_call_is_caught_at_once(comm);
+    }
+    SUBCASE("check_matching") {
+        auto comm = world(10s, true);
+        unison::test::skipped_call_is_caught_at_once(comm);
     }
 }

@@ -2,6 +2,8 @@
 // backend: each must end in an error that names the rank and the operation, and
 // no rank may stay blocked.
 
+#include "../support/skipped_call.hpp"
+
 #include <unison/thread.hpp>
 
 #include <doctest/doctest.h>
@@ -207,4 +209,13 @@ TEST_CASE("thread: a recv with no sender times out") {
         });
     CHECK(what.find("recv #0 (peer 0, tag 7)") != std::string::npos);
     CHECK(what.find("nothing sent within") != std::string::npos);
+}
+
+TEST_CASE("thread: a rank that skips a call in a stepped loop is caught at its next call") {
+    for (int ranks : {2, 3, 4}) {
+        CAPTURE(ranks);
+        unison::thread_world(ranks, short_timeout(10s)).run([](unison::thread_communicator& comm) {
+            unison::test::skipped_call_is_caught_at_once(comm);
+        });
+    }
 }

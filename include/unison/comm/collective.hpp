@@ -87,6 +87,11 @@ struct collective_call {
     /// same size are an error rather than mixed data. 0 when unused.
     int tag = 0;
     device location = device::host();
+    /// Collectives: the step of the caller's loop the call belongs to (set by
+    /// stepped_communicator), which every rank must pass alike; call matching
+    /// compares it, so a rank that skipped a call is caught at its next one. 0 when
+    /// unused; send/recv ignore it.
+    std::uint64_t step = 0;
 };
 
 namespace detail {

@@ -23,6 +23,7 @@ struct call_signature {
     std::uint64_t count = 0;
     std::uint64_t counts_hash = 0; ///< all_gatherv: FNV-1a of the counts list
     std::uint64_t tag = 0;         ///< what a collective belongs to (collective_call::tag)
+    std::uint64_t step = 0;        ///< the caller's step (collective_call::step)
 };
 
 inline call_signature signature_of(const collective_call& c) {
@@ -38,6 +39,7 @@ inline call_signature signature_of(const collective_call& c) {
     s.count = c.op == operation::all_gatherv || c.op == operation::barrier ? 0 : c.count;
     const bool p2p = c.op == operation::send || c.op == operation::recv;
     s.tag = p2p ? 0 : static_cast<std::uint64_t>(static_cast<std::uint32_t>(c.tag));
+    s.step = p2p ? 0 : c.step;
     if (c.op == operation::all_gatherv) {
         std::uint64_t h = 1469598103934665603ull;
         for (std::size_t v : c.counts) {
@@ -54,7 +56,13 @@ inline void check_signature(int rank, const std::string& label, int ref_rank,
                             const call_signature& ref, int other, const call_signature& theirs) {
     const char* field = nullptr;
     std::string a, b;
-    if (theirs.op != ref.op) {
+    if (theirs.step != ref.step) {
+        // First: a rank a step ahead or behind makes every other field suspect.
+        field = "step";
+        a = "step " + std::to_string(ref.step);
+        b = "step " + std::to_string(theirs.step) +
+            " (a rank skipped or repeated a call; ranks are in different steps)";
+    } else if (theirs.op != ref.op) {
         field = "operation";
         a = to_string(static_cast<operation>(ref.op));
         b = to_string(static_cast<operation>(theirs.op));

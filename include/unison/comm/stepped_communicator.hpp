@@ -1,0 +1,86 @@
+#pragma once
+
+/// \file
+/// `stepped_communicator`: a decorator that stamps every collective it forwards
+/// with a step number of the caller's choosing (collective_call::step), which call
+/// matching compares across ranks. Backends match calls by their order, so a rank
+/// that skips a call in a loop would otherwise be paired with the others' next
+/// call of the same shape and mix data until the sequence runs out; stamped with
+/// the loop's index, the first call after the skip is a `mismatch_error` (field
+/// "step") on every rank, before any data moves:
+///
+///     unison::stepped_communicator steps(comm);
+///     for (std::uint64_t i = 0; i < iterations; ++i) {
+///         steps.set_step(i);
+///         unison::all_reduce(steps, loss); // any collective; send/recv are not stamped
+///     }
+///
+/// The thread and MPI backends compare steps on every call; NCCL with
+/// check_matching (UNISON_DEBUG=1).
+
+#include "unison/comm/collective.hpp"
+#include "unison/comm/communicator.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+namespace unison {
+
+/// Stamps the collectives of `C` with a step (see the file comment). Models
+/// `communicator`, and `device_communicator` when `C` does.
+template <communicator C>
+class stepped_communicator {
+public:
+    using request_type = typename C::request_type;
+
+    /// Wraps `inner`, which must outlive this object; calls carry `step` until
+    /// set_step changes it.
+    explicit stepped_communicator(C& inner, std::uint64_t step = 0) : inner_(&inner), step_(step) {}
+
+    /// The step stamped on the calls that follow; every rank must pass the same one
+    /// to its matching calls.
+    void set_step(std::uint64_t step) noexcept { step_ = step; }
+    std::uint64_t step() const noexcept { return step_; }
+
+    int rank() const noexcept { return inner_->rank(); }
+    int size() const noexcept { return inner_->size(); }
+    const comm_options& options() const noexcept { return inner_->options(); }
+
+    void execute(const collective_call& call) { inner_->execute(stamped(call)); }
+    request_type submit(const collective_call& call) { return inner_->submit(stamped(call)); }
+    /// Collective, as C's split; the new communicator starts at this one's step.
+    stepped_communicator split(int color, int key) {
+        auto owned = std::make_shared<C>(inner_->split(color, key));
+        return stepped_communicator(std::move(owned), step_);
+    }
+
+    C& inner() noexcept { return *inner_; }
+
+    /// Those of `C`, when it is a device_communicator.
+    static constexpr bool moves_host_memory = unison::moves_host_memory<C>;
+    void* device_stream() const noexcept requires device_communicator<C> {
+        return inner_->device_stream();
+    }
+    device device_location() const noexcept requires device_communicator<C> {
+        return inner_->device_location();
+    }
+
+private:
+    stepped_communicator(std::shared_ptr<C> owned, std::uint64_t step)
+        : inner_(owned.get()), owned_(std::move(owned)), step_(step) {}
+
+    collective_call stamped(const collective_call& call) const noexcept {
+        collective_call c = call;
+        if (c.op != operation::send && c.op != operation::recv) {
+            c.step = step_;
+        }
+        return c;
+    }
+
+    C* inner_;
+    std::shared_ptr<C> owned_; // set for communicators made by split()
+    std::uint64_t step_ = 0;
+};
+
+} // namespace unison
