@@ -19,6 +19,7 @@
 #include "unison/core/reduce_op.hpp"
 #include "unison/mpi/detail/handshake.hpp"
 #include "unison/mpi/detail/mpi_check.hpp"
+#include "unison/mpi/detail/peer_channel.hpp"
 #include "unison/mpi/detail/ring_allreduce.hpp"
 
 #include <mpi.h>
@@ -44,7 +45,8 @@ class mpi_operation;
 /// Everything one MPI communicator owns; requests point at it.
 class mpi_rank_state {
 public:
-    mpi_rank_state(MPI_Comm comm, comm_options o) : comm(comm), options(o) {
+    /// Collective over `comm` (the side channel duplicates it).
+    mpi_rank_state(MPI_Comm comm, comm_options o) : comm(comm), options(o), peers_(comm) {
         MPI_Comm_rank(comm, &rank);
         MPI_Comm_size(comm, &size);
         MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -128,6 +130,12 @@ private:
     std::vector<std::unique_ptr<mpi_operation>> free_;
     std::deque<mpi_operation*> to_post_;
     std::vector<mpi_operation*> in_flight_; ///< calls in flight, in issue order
+    mpi_peer_channel peers_;
+    const mpi_operation* waiting_ = nullptr; ///< the call wait() is blocked on
+    std::uint64_t polls_ = 0;
+
+    /// Where this rank is, for a peer that asks.
+    mpi_peer_report report() const noexcept;
 
     template <class Seq>
     static void erase_from(Seq& seq, mpi_operation* op) noexcept {
@@ -168,6 +176,7 @@ public:
     }
 
     std::string label() const { return label_.str(); }
+    const call_label& call() const noexcept { return label_; }
     std::uint64_t sequence() const noexcept { return sequence_; }
 
     /// The rank this call is waiting to hear from, when it knows; -1 otherwise.
@@ -465,7 +474,25 @@ inline std::unique_ptr<mpi_operation> mpi_rank_state::acquire(const collective_c
     return op;
 }
 
+inline mpi_peer_report mpi_rank_state::report() const noexcept {
+    mpi_peer_report r;
+    r.issued = static_cast<std::int64_t>(sequence);
+    const mpi_operation* op = waiting_ ? waiting_ : in_flight_.empty() ? nullptr : in_flight_[0];
+    if (op != nullptr) {
+        r.in_call = 1;
+        r.op = static_cast<std::int64_t>(op->call().op);
+        r.sequence = static_cast<std::int64_t>(op->call().sequence);
+        r.peer = op->call().peer;
+        r.tag = op->call().tag;
+        r.waiting_for = op->waiting_for();
+    }
+    return r;
+}
+
 inline void mpi_rank_state::progress() noexcept {
+    if ((++polls_ & 63) == 0) {
+        peers_.answer(report()); // a peer that timed out may be asking where we are
+    }
     // By index: a pass only finishes calls, it never starts or destroys one.
     for (std::size_t i = 0; i < in_flight_.size(); ++i) {
         in_flight_[i]->advance();
@@ -480,6 +507,10 @@ inline void mpi_rank_state::recycle(std::unique_ptr<mpi_operation> op) noexcept 
 }
 
 inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
+    struct waiting_on {
+        const mpi_operation*& slot;
+        ~waiting_on() { slot = nullptr; }
+    } guard{waiting_ = op.get()};
     const auto start = clock::now();
     const auto deadline = start + options.timeout;
     for (std::size_t polls = 1;; ++polls) {
@@ -499,16 +530,19 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
             if (now >= deadline) {
                 const std::string label = op->label();
                 const std::uint64_t seq = op->sequence();
-                const int peer = op->waiting_for();
+                const mpi_peer_report mine = report();
                 poisoned = label + " timed out";
                 abandoned.push_back(std::move(op)); // MPI may still write its buffers
+                // Ask the others where they are, within half a second.
+                const auto budget = std::chrono::milliseconds(500);
+                const auto answers = peers_.ask(mine, budget);
                 throw timeout_error(
                     rank, label,
-                    "not complete after " + std::to_string(options.timeout.count()) + " ms: " +
-                        (peer >= 0 ? "still waiting to hear from rank " + std::to_string(peer) +
-                                         " (it, or a rank it waits for, is slow, "
-                                         "dead, or skipped this call)"
-                                   : "a peer is slow, dead, or skipped this call"),
+                    "not complete after " + std::to_string(options.timeout.count()) + " ms" +
+                        (mine.waiting_for >= 0
+                             ? ", waiting to hear from rank " + std::to_string(mine.waiting_for)
+                             : std::string()) +
+                        "; " + describe_peers(answers, rank, mine, budget),
                     seq);
             }
             if (now - start > std::chrono::milliseconds(1)) {
@@ -525,6 +559,7 @@ inline mpi_rank_state::~mpi_rank_state() {
     if (finalized) {
         return;
     }
+    peers_.close(/*leak=*/!poisoned.empty());
     // A call abandoned in its handshake holds only its own staging buffers: cancel it
     // and keep the buffers (a late peer may still read them). Give the others one
     // more timeout to finish (a slow peer may still join). Either way, a call not
