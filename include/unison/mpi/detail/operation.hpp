@@ -532,6 +532,12 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
                 const std::uint64_t seq = op->sequence();
                 const mpi_peer_report mine = report();
                 poisoned = label + " timed out";
+                if (op->in_handshake()) {
+                    // Only staging buffers are in MPI's hands; the engine must not
+                    // go on to hand it the user's. It stays first in the post queue,
+                    // so no later collective posts past it either.
+                    erase_from(in_flight_, op.get());
+                }
                 abandoned.push_back(std::move(op)); // MPI may still write its buffers
                 // Ask the others where they are, within half a second.
                 const auto budget = std::chrono::milliseconds(500);
