@@ -10,10 +10,12 @@ namespace unison {
 struct comm_options {
     /// Bound on every blocking wait; past it the wait throws `timeout_error`.
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-    /// Before each collective, check that every rank calls the same operation with
-    /// the same count, dtype, op and root, and throw `mismatch_error` before any
-    /// data moves. Costs one small extra collective on MPI and NCCL; the thread
-    /// backend always checks because the check is free there.
+    /// Before each collective, all-gather every rank's call signature (operation,
+    /// count, dtype, op, root, tag, step) and throw `mismatch_error` before any data
+    /// moves. NCCL checks only with this on; the thread and MPI backends always
+    /// check (free on threads, folded into MPI's handshake), and MPI adds this
+    /// all-gather, compared with rank 0's, on top. Costs one small extra
+    /// collective.
     bool check_matching = false;
 
     /// Defaults, overridden by the environment: UNISON_TIMEOUT (seconds, may be

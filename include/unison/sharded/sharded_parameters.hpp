@@ -30,7 +30,7 @@
 /// Not thread-safe; the calls that communicate (start, gather, prefetch,
 /// reduce_gradients, wait_gradients, publish_parameters) are collective over the shard
 /// group and must be made in the same order on every rank. Each carries its unit as
-/// the call's tag, so where calls are matched (the thread backend always, MPI and
+/// the call's tag, so where calls are matched (the thread and MPI backends always,
 /// NCCL with UNISON_DEBUG=1) ranks working on different units are an error.
 
 #include "unison/comm/collectives.hpp"

@@ -3,8 +3,9 @@
 /// \file
 /// What must agree across ranks for a collective to be well formed, and the
 /// comparison that names the first field that does not. The thread backend compares
-/// published calls directly; MPI and NCCL all-gather these signatures first when
-/// `comm_options::check_matching` is on.
+/// published calls directly, MPI exchanges them in every collective's handshake
+/// (mpi/detail/handshake.hpp), and with `comm_options::check_matching` MPI and NCCL
+/// all-gather them first.
 
 #include "unison/comm/collective.hpp"
 #include "unison/core/error.hpp"
