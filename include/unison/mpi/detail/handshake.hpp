@@ -11,7 +11,10 @@
 ///
 /// A rank that finds a difference keeps to the schedule but sends the fault (both
 /// signatures and ranks) instead of data, so every rank hears of it within the
-/// same exchange and throws the same error. Messages are received into staging
+/// same exchange and throws a mismatch_error. When one rank is the odd one out,
+/// every rank names the same pair; when several pairs differ from the start (half
+/// the ranks with one count, half with another), groups of ranks may name
+/// different pairs. Messages are received into staging
 /// buffers large enough for any well-formed message, so a peer that sends more
 /// than expected can never write past a buffer.
 
@@ -28,6 +31,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -180,6 +184,16 @@ public:
         return true;
     }
 
+    /// True when nothing of this handshake is in MPI's hands.
+    bool idle() const noexcept {
+        for (const MPI_Request& r : requests_) {
+            if (r != MPI_REQUEST_NULL) {
+                return false;
+            }
+        }
+        return true;
+    }
+
     /// The rank whose message this rank is waiting for, or -1.
     int waiting_for() const noexcept {
         if (current_ >= steps_) {
@@ -194,8 +208,16 @@ public:
     void cancel() noexcept {
         for (int i : {0, 1}) {
             if (requests_[i] != MPI_REQUEST_NULL) {
+                // A receive already matched cannot be cancelled and completes only
+                // when its sender makes progress: give it a moment, then leave it
+                // (the caller keeps the staging buffers alive).
                 MPI_Cancel(&requests_[i]);
-                MPI_Wait(&requests_[i], MPI_STATUS_IGNORE);
+                int flag = 0;
+                const auto until =
+                    std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+                while (flag == 0 && std::chrono::steady_clock::now() < until) {
+                    MPI_Test(&requests_[i], &flag, MPI_STATUS_IGNORE);
+                }
             }
         }
         for (int i : {2, 3}) {
@@ -311,8 +333,8 @@ private:
         const mpi_call_header& theirs = theirs_;
         const std::size_t n = first_bytes_;
         if (theirs.faulted != 0 && n >= mpi_header_bytes + sizeof(mpi_call_fault)) {
-            // Pairs that found different faults converge on the one with the lowest
-            // ranks, so that every rank throws the same error.
+            // A fault heard from a peer replaces a later-ranked one found here, so
+            // that faults meeting in a step converge on the lowest pair.
             mpi_call_fault f;
             std::memcpy(&f, recv_ + mpi_header_bytes, sizeof(mpi_call_fault));
             if (!faulted_ || std::pair(f.ref_rank, f.other_rank) <

@@ -186,6 +186,8 @@ public:
         }
         return ring_ ? ring_->previous() : -1;
     }
+    /// True when none of its requests is in MPI's hands.
+    bool idle() const noexcept { return handshake_.idle() && active_ == 0 && !ring_; }
     /// True while only staging buffers (never the user's) are in MPI's hands.
     bool in_handshake() const noexcept { return phase_ == phase::handshake; }
     /// Gives up a call abandoned in its handshake.
@@ -278,6 +280,11 @@ private:
             counts_.resize(static_cast<std::size_t>(n));
             displs_.resize(static_cast<std::size_t>(n));
             std::size_t offset = 0;
+            for (int q = 0; q < n; ++q) {
+                offset += c.counts[static_cast<std::size_t>(q)];
+            }
+            check_int(offset); // every displacement fits (the counts agree on every rank)
+            offset = 0;
             for (int q = 0; q < n; ++q) {
                 counts_[static_cast<std::size_t>(q)] =
                     int_count(c.counts[static_cast<std::size_t>(q)]);
@@ -518,7 +525,11 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
         try {
             done = op->progress();
         } catch (const mismatch_error&) {
-            recycle(std::move(op)); // the handshake completed; nothing is in flight
+            if (op->idle()) {
+                recycle(std::move(op)); // nothing of it is in flight
+            } else {
+                (void)op.release(); // a foreign message broke its handshake mid-step
+            }
             throw;
         }
         if (done) {
@@ -563,6 +574,9 @@ inline mpi_rank_state::~mpi_rank_state() {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) {
+        for (auto& op : abandoned) {
+            (void)op.release(); // MPI is gone; their destructors would touch freed members
+        }
         return;
     }
     peers_.close(/*leak=*/!poisoned.empty());
