@@ -20,6 +20,7 @@
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/communicator.hpp"
+#include "unison/comm/detail/decorator.hpp"
 
 #include <array>
 #include <cstddef>
@@ -50,18 +51,17 @@ struct traffic {
 /// Counts the traffic of `C` (see the file comment). Models `communicator`, and
 /// `device_communicator` when `C` does.
 template <communicator C>
-class counting_communicator {
+class counting_communicator : public detail::communicator_decorator<C> {
+    using base = detail::communicator_decorator<C>;
+    using base::inner_;
+
 public:
-    using request_type = typename C::request_type;
+    using typename base::request_type;
     static constexpr std::size_t operation_count = static_cast<std::size_t>(operation::barrier) + 1;
     using table = std::array<traffic, operation_count>;
 
     /// Wraps `inner`, which must outlive this object and its splits' parents.
-    explicit counting_communicator(C& inner) : inner_(&inner), counts_(std::make_shared<table>()) {}
-
-    int rank() const noexcept { return inner_->rank(); }
-    int size() const noexcept { return inner_->size(); }
-    const comm_options& options() const noexcept { return inner_->options(); }
+    explicit counting_communicator(C& inner) : base(inner), counts_(std::make_shared<table>()) {}
 
     void execute(const collective_call& call) {
         record(call);
@@ -90,25 +90,13 @@ public:
     }
     void reset() noexcept { *counts_ = table{}; }
 
-    C& inner() noexcept { return *inner_; }
-
-    /// Those of `C`, when it is a device_communicator (so a counted NCCL or
-    /// GPU-attached thread communicator still carries device state).
-    static constexpr bool moves_host_memory = unison::moves_host_memory<C>;
-    void* device_stream() const noexcept requires device_communicator<C> {
-        return inner_->device_stream();
-    }
-    device device_location() const noexcept requires device_communicator<C> {
-        return inner_->device_location();
-    }
-
 private:
     counting_communicator(std::shared_ptr<C> owned, std::shared_ptr<table> counts)
-        : inner_(owned.get()), owned_(std::move(owned)), counts_(std::move(counts)) {}
+        : base(std::move(owned)), counts_(std::move(counts)) {}
 
     void record(const collective_call& call) {
         traffic& t = (*counts_)[static_cast<std::size_t>(call.op)];
-        const double n = static_cast<double>(size());
+        const double n = static_cast<double>(this->size());
         const auto count = static_cast<double>(call.count);
         double ring = 0.0;
         switch (call.op) {
@@ -142,8 +130,6 @@ private:
         t.ring_bytes += ring * element_bytes;
     }
 
-    C* inner_;
-    std::shared_ptr<C> owned_; // set for communicators made by split()
     std::shared_ptr<table> counts_;
 };
 

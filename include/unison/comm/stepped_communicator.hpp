@@ -20,6 +20,7 @@
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/communicator.hpp"
+#include "unison/comm/detail/decorator.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -30,22 +31,21 @@ namespace unison {
 /// Stamps the collectives of `C` with a step (see the file comment). Models
 /// `communicator`, and `device_communicator` when `C` does.
 template <communicator C>
-class stepped_communicator {
+class stepped_communicator : public detail::communicator_decorator<C> {
+    using base = detail::communicator_decorator<C>;
+    using base::inner_;
+
 public:
-    using request_type = typename C::request_type;
+    using typename base::request_type;
 
     /// Wraps `inner`, which must outlive this object; calls carry `step` until
     /// set_step changes it.
-    explicit stepped_communicator(C& inner, std::uint64_t step = 0) : inner_(&inner), step_(step) {}
+    explicit stepped_communicator(C& inner, std::uint64_t step = 0) : base(inner), step_(step) {}
 
     /// The step stamped on the calls that follow; every rank must pass the same one
     /// to its matching calls.
     void set_step(std::uint64_t step) noexcept { step_ = step; }
     std::uint64_t step() const noexcept { return step_; }
-
-    int rank() const noexcept { return inner_->rank(); }
-    int size() const noexcept { return inner_->size(); }
-    const comm_options& options() const noexcept { return inner_->options(); }
 
     void execute(const collective_call& call) { inner_->execute(stamped(call)); }
     request_type submit(const collective_call& call) { return inner_->submit(stamped(call)); }
@@ -55,20 +55,9 @@ public:
         return stepped_communicator(std::move(owned), step_);
     }
 
-    C& inner() noexcept { return *inner_; }
-
-    /// Those of `C`, when it is a device_communicator.
-    static constexpr bool moves_host_memory = unison::moves_host_memory<C>;
-    void* device_stream() const noexcept requires device_communicator<C> {
-        return inner_->device_stream();
-    }
-    device device_location() const noexcept requires device_communicator<C> {
-        return inner_->device_location();
-    }
-
 private:
     stepped_communicator(std::shared_ptr<C> owned, std::uint64_t step)
-        : inner_(owned.get()), owned_(std::move(owned)), step_(step) {}
+        : base(std::move(owned)), step_(step) {}
 
     collective_call stamped(const collective_call& call) const noexcept {
         collective_call c = call;
@@ -78,8 +67,6 @@ private:
         return c;
     }
 
-    C* inner_;
-    std::shared_ptr<C> owned_; // set for communicators made by split()
     std::uint64_t step_ = 0;
 };
 
