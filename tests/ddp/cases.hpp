@@ -489,6 +489,24 @@ void reducer_error_cases(C& comm) {
         CHECK(x[0] == static_cast<float>(comm.size()));
     }
     if (comm.size() > 1) {
+        // Another accumulate_steps on one rank would pair its reductions with the
+        // others' accumulating passes: start() compares the options.
+        const int odd = comm.size() - 1;
+        bucketed_reducer<C> r(comm, {.accumulate_steps = comm.rank() == odd ? 2 : 1});
+        r.add(a, "a");
+        try {
+            r.start();
+            FAIL("start() accepted different accumulate_steps");
+        } catch (const mismatch_error& e) {
+            CHECK(e.field() == "accumulate_steps");
+            CHECK(e.other_rank() == (comm.rank() == odd ? 0 : odd));
+            CHECK(std::string(e.what()).find("has accumulate_steps = ") != std::string::npos);
+        }
+        std::vector<float> x(3, 1.0f);
+        all_reduce(comm, x);
+        CHECK(x[0] == static_cast<float>(comm.size()));
+    }
+    if (comm.size() > 1) {
         // ddp::start compares the parameters' sizes before its broadcast, which would
         // otherwise truncate (MPI kills the job) or read past a buffer, and names the
         // first one that differs.

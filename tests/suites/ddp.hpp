@@ -8,6 +8,7 @@
 #include "../ddp/cases.hpp"
 #include "../ddp/training.hpp"
 #include "../support/backends.hpp"
+#include "../support/skipped_step.hpp"
 
 #include <doctest/doctest.h>
 
@@ -35,6 +36,10 @@ TEST_CASE_TEMPLATE_DEFINE("ddp: loss normalization with uneven counts", Backend,
                           ddp_loss_normalization) {
     Backend::run([](auto& comm) { unison::test::loss_normalization_cases(comm); });
 }
+TEST_CASE_TEMPLATE_DEFINE("ddp: a rank that skips a step is caught at the step's first reduction",
+                          Backend, ddp_skipped_step) {
+    Backend::run([](auto& comm) { unison::test::ddp_skipped_step_is_caught(comm); });
+}
 
 /// Registers every test case of the DDP suite for backend fixture `Backend`.
 #define UNISON_DDP_SUITE(Backend)                                                                  \
@@ -44,4 +49,5 @@ TEST_CASE_TEMPLATE_DEFINE("ddp: loss normalization with uneven counts", Backend,
     TEST_CASE_TEMPLATE_INVOKE(ddp_join, Backend);                                                  \
     TEST_CASE_TEMPLATE_INVOKE(ddp_misuse, Backend);                                                \
     TEST_CASE_TEMPLATE_INVOKE(ddp_training, Backend);                                              \
-    TEST_CASE_TEMPLATE_INVOKE(ddp_loss_normalization, Backend)
+    TEST_CASE_TEMPLATE_INVOKE(ddp_loss_normalization, Backend);                                    \
+    TEST_CASE_TEMPLATE_INVOKE(ddp_skipped_step, Backend)

@@ -11,6 +11,7 @@
 #include "../sharded/misuse.hpp"
 #include "../sharded/training.hpp"
 #include "../support/backends.hpp"
+#include "../support/skipped_step.hpp"
 
 #include <doctest/doctest.h>
 
@@ -39,6 +40,13 @@ TEST_CASE_TEMPLATE_DEFINE("sharded: misuse is reported", Backend, sharded_misuse
         unison::test::fsdp_misuse_cases(comm);
     });
 }
+TEST_CASE_TEMPLATE_DEFINE("sharded: a rank that skips a step is caught at the step's first call",
+                          Backend, sharded_skipped_step) {
+    Backend::run([](auto& comm) {
+        unison::test::fsdp_skipped_step_is_caught<unison::policy::shard::full>(comm);
+        unison::test::fsdp_skipped_step_is_caught<unison::policy::shard::hybrid>(comm);
+    });
+}
 
 /// Registers every test case of the sharded suite for backend fixture `Backend`.
 #define UNISON_SHARDED_SUITE(Backend)                                                              \
@@ -46,4 +54,5 @@ TEST_CASE_TEMPLATE_DEFINE("sharded: misuse is reported", Backend, sharded_misuse
     TEST_CASE_TEMPLATE_INVOKE(sharded_accounting, Backend);                                        \
     TEST_CASE_TEMPLATE_INVOKE(sharded_checkpoints, Backend);                                       \
     TEST_CASE_TEMPLATE_INVOKE(sharded_engine, Backend);                                            \
-    TEST_CASE_TEMPLATE_INVOKE(sharded_misuse, Backend)
+    TEST_CASE_TEMPLATE_INVOKE(sharded_misuse, Backend);                                            \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_skipped_step, Backend)

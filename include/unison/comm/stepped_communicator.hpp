@@ -17,6 +17,14 @@
 ///
 /// The thread and MPI backends compare steps on every call; NCCL with
 /// check_matching (UNISON_DEBUG=1).
+///
+/// The training engines stamp their own count this way (ddp: backward passes;
+/// sharded_parameters and fsdp: iterations). A count kept by the engine cannot see
+/// a rank that skipped a whole iteration (its count skips it too), the loop's
+/// index can: pass the engine a stepped_communicator and set its step each
+/// iteration. Stamps nest, and the one nearest the backend is what travels, so the
+/// loop's index replaces the engine's count on every call the engine makes.
+/// Copies and the communicators split from this one share its step.
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/communicator.hpp"
@@ -40,34 +48,36 @@ public:
 
     /// Wraps `inner`, which must outlive this object; calls carry `step` until
     /// set_step changes it.
-    explicit stepped_communicator(C& inner, std::uint64_t step = 0) : base(inner), step_(step) {}
+    explicit stepped_communicator(C& inner, std::uint64_t step = 0)
+        : base(inner), step_(std::make_shared<std::uint64_t>(step)) {}
 
     /// The step stamped on the calls that follow; every rank must pass the same one
     /// to its matching calls.
-    void set_step(std::uint64_t step) noexcept { step_ = step; }
-    std::uint64_t step() const noexcept { return step_; }
+    void set_step(std::uint64_t step) noexcept { *step_ = step; }
+    std::uint64_t step() const noexcept { return *step_; }
 
     void execute(const collective_call& call) { inner_->execute(stamped(call)); }
     request_type submit(const collective_call& call) { return inner_->submit(stamped(call)); }
-    /// Collective, as C's split; the new communicator starts at this one's step.
+    /// Collective, as C's split; the new communicator shares this one's step, so
+    /// set_step on either stamps the calls of both.
     stepped_communicator split(int color, int key) {
         auto owned = std::make_shared<C>(inner_->split(color, key));
         return stepped_communicator(std::move(owned), step_);
     }
 
 private:
-    stepped_communicator(std::shared_ptr<C> owned, std::uint64_t step)
-        : base(std::move(owned)), step_(step) {}
+    stepped_communicator(std::shared_ptr<C> owned, std::shared_ptr<std::uint64_t> step)
+        : base(std::move(owned)), step_(std::move(step)) {}
 
     collective_call stamped(const collective_call& call) const noexcept {
         collective_call c = call;
         if (c.op != operation::send && c.op != operation::recv) {
-            c.step = step_;
+            c.step = *step_;
         }
         return c;
     }
 
-    std::uint64_t step_ = 0;
+    std::shared_ptr<std::uint64_t> step_;
 };
 
 } // namespace unison

@@ -30,10 +30,18 @@
 /// mark_ready that completes the bucket, or in finish()), not at its own
 /// mark_ready: leave it unchanged until finish() returns.
 ///
+/// Every collective the reducer makes carries its count of backward passes (finish()
+/// calls) as the call's step (collective_call::step), so where calls are matched a
+/// rank whose passes ran ahead of the others' is a mismatch_error on its next
+/// reduction. A whole step skipped on one rank leaves no trace in that count; give
+/// the reducer a stepped_communicator and set the loop's index on it to catch that
+/// too (see comm/stepped_communicator.hpp).
+///
 /// Not thread-safe: call `mark_ready` and `finish` from one thread at a time.
 
 #include "unison/comm/collectives.hpp"
 #include "unison/comm/communicator.hpp"
+#include "unison/comm/stepped_communicator.hpp"
 #include "unison/core/detail/convert.hpp"
 #include "unison/core/detail/hash.hpp"
 #include "unison/core/error.hpp"
@@ -47,6 +55,7 @@
 #include "unison/parallel/detail/placement.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -70,13 +79,16 @@ public:
     using config = detail::ddp_config<Policies...>;
     using hook_type = typename config::hook;
     using request_type = typename C::request_type;
-    static_assert(bucket_hook<hook_type, C>,
+    /// What the reducer's collectives go through: `C` with the pass count stamped.
+    using step_communicator_type = stepped_communicator<C>;
+    static_assert(bucket_hook<hook_type, step_communicator_type>,
                   "unison DDP: the comm_hook's type needs `request_type launch(C&, const "
-                  "bucket_ref&)` returning the communicator's request (see ddp/hooks.hpp)");
+                  "bucket_ref&)` for any communicator C, returning C's request (see "
+                  "ddp/hooks.hpp)");
 
     /// The reducer keeps a reference to `comm`, which must outlive it.
     explicit bucketed_reducer(C& comm, ddp_options options = {}, hook_type hook = {})
-        : comm_(&comm), options_(options), hook_(std::move(hook)) {
+        : comm_(&comm), stamped_(comm), options_(options), hook_(std::move(hook)) {
         options_.validate(comm.rank(), "bucketed_reducer");
     }
 
@@ -235,6 +247,10 @@ public:
     /// accumulates returns false at once: step the optimizer only after true.
     bool finish() {
         require_started("finish");
+        struct count_pass { // also when the pass throws: every rank counts it
+            step_communicator_type& c;
+            ~count_pass() { c.set_step(c.step() + 1); }
+        } counted{stamped_};
         if (!sync_step()) {
             for (entry& e : entries_) {
                 e.ready = false;
@@ -355,6 +371,12 @@ public:
     const ddp_options& options() const noexcept { return options_; }
     hook_type& hook() noexcept { return hook_; }
     C& communicator() noexcept { return *comm_; }
+    /// `communicator()` with this reducer's pass count stamped on each call: what
+    /// the hooks get, and what collectives belonging to the current step (join's,
+    /// ddp::broadcast_buffers) go through.
+    step_communicator_type& step_communicator() noexcept { return stamped_; }
+    /// Backward passes finished (finish() calls, accumulating ones included).
+    std::uint64_t passes() const noexcept { return stamped_.step(); }
 
     /// Where the gradients live (host, or the CUDA device of all of them).
     device location() const noexcept {
@@ -473,7 +495,7 @@ private:
             if (place_.on_device()) {
                 pack_on_device(k);
             }
-            request_type r = hook_.launch(*comm_, ref(k));
+            request_type r = hook_.launch(stamped_, ref(k));
             buckets_[k].request = std::move(r);
         }
     }
@@ -636,7 +658,7 @@ private:
     /// Rebuilds the buckets from rank 0's observed ready order, once.
     void rebuild() {
         std::vector<std::int64_t> order(ready_order_.begin(), ready_order_.end());
-        detail::control_broadcast(*comm_, place_, std::span<std::int64_t>(order), 0);
+        detail::control_broadcast(stamped_, place_, std::span<std::int64_t>(order), 0);
         std::vector<std::size_t> chosen;
         std::vector<bool> seen(entries_.size(), false);
         for (std::int64_t g : order) {
@@ -667,9 +689,41 @@ private:
             *comm_, place_, static_cast<std::int64_t>(entries_.size()), hash,
             {"bucketed_reducer start", "registered", "gradients", "of different sizes or dtypes",
              "every rank must register the same gradients in the same order"});
+        // The options that decide in which passes ranks reduce, and by what they
+        // divide, must agree too: with another accumulate_steps a rank would pair its
+        // reductions with the others' accumulating passes.
+        const auto describe = [](std::int64_t steps, bool average, double predivide) {
+            return "accumulate_steps = " + std::to_string(steps) +
+                   ", average = " + (average ? "true" : "false") +
+                   ", predivide_factor = " + std::to_string(predivide);
+        };
+        const std::vector<std::int64_t> mine{
+            options_.accumulate_steps, options_.average ? 1 : 0,
+            std::bit_cast<std::int64_t>(options_.predivide_factor)};
+        std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_->size()));
+        detail::control_all_gather(*comm_, place_, std::span<const std::int64_t>(mine),
+                                   std::span<std::int64_t>(all));
+        static constexpr const char* fields[] = {"accumulate_steps", "average", "predivide_factor"};
+        for (int r = 0; r < comm_->size(); ++r) {
+            const std::int64_t* theirs = all.data() + mine.size() * static_cast<std::size_t>(r);
+            for (std::size_t f = 0; f < mine.size(); ++f) {
+                if (theirs[f] == mine[f]) {
+                    continue;
+                }
+                throw mismatch_error(
+                    comm_->rank(), "bucketed_reducer start",
+                    "rank " + std::to_string(r) + " has " +
+                        describe(theirs[0], theirs[1] != 0, std::bit_cast<double>(theirs[2])) +
+                        "; this rank " +
+                        describe(mine[0], options_.average, options_.predivide_factor) +
+                        ": every rank must pass the same ddp_options",
+                    r, fields[f]);
+            }
+        }
     }
 
     C* comm_;
+    step_communicator_type stamped_; ///< *comm_, stamped with the pass count
     ddp_options options_;
     hook_type hook_;
     detail::placement place_;

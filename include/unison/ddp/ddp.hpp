@@ -140,13 +140,14 @@ private:
     /// Packs the states' bytes into chunks and broadcasts each as u8: one collective
     /// per 64 MiB instead of one per tensor.
     void broadcast_state(int root, bool buffers_only) {
+        auto& comm = reducer_.step_communicator(); // stamped with the pass count
         std::vector<std::uint8_t> chunk;
         std::vector<const state*> in_chunk;
         auto flush = [&] {
             if (chunk.empty()) {
                 return;
             }
-            broadcast(*comm_, chunk, root);
+            broadcast(comm, chunk, root);
             std::size_t offset = 0;
             for (const state* s : in_chunk) {
                 const std::size_t bytes = s->data.count * size_of(s->data.type);
@@ -164,14 +165,14 @@ private:
             }
             const std::size_t bytes = s.data.count * size_of(s.data.type);
             if (!s.data.location.is_host()) { // device memory: in place, one tensor per call
-                broadcast(*comm_, buffer{s.data.data, bytes, dtype::u8, s.data.location}, root);
+                broadcast(comm, buffer{s.data.data, bytes, dtype::u8, s.data.location}, root);
                 continue;
             }
             if (!chunk.empty() && chunk.size() + bytes > broadcast_chunk_bytes) {
                 flush();
             }
             if (bytes >= broadcast_chunk_bytes) { // a large tensor goes on its own, in place
-                broadcast(*comm_, buffer{s.data.data, bytes, dtype::u8}, root);
+                broadcast(comm, buffer{s.data.data, bytes, dtype::u8}, root);
                 continue;
             }
             const auto* p = static_cast<const std::uint8_t*>(s.data.data);

@@ -35,7 +35,7 @@ public:
     /// zero contribution is registered with the reducer right away.
     bool next(bool has_data) {
         std::vector<std::int32_t> active{has_data ? 1 : 0};
-        all_reduce(reducer_->communicator(), active);
+        all_reduce(reducer_->step_communicator(), active);
         active_ = active[0];
         has_data_ = has_data;
         if (active_ == 0) {

@@ -168,7 +168,7 @@ public:
             for (std::size_t k = 0; k < params_->unit_count(); ++k) {
                 gradient_stats(k, stats.values[0], stats.values[1]);
             }
-            all_reduce(params_->shard_comm(), std::span<double>(stats.values));
+            all_reduce(params_->step_communicator(), std::span<double>(stats.values));
         }
         if (!stats.fingerprints_agree(params_->shard_size())) {
             name_diverged_rank();
@@ -258,7 +258,7 @@ private:
     /// After the fingerprints disagreed (on every rank alike): all-gathers them and
     /// throws, naming a rank whose collectives differ from this one's.
     [[noreturn]] void name_diverged_rank() {
-        auto& comm = params_->shard_comm();
+        auto& comm = params_->step_communicator();
         const std::vector<std::int64_t> mine{static_cast<std::int64_t>(last_fingerprint_)};
         std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
         detail::control_all_gather(comm, place(), std::span<const std::int64_t>(mine),
@@ -302,7 +302,7 @@ private:
         p.copy_from_host(stats_.data() + 2 * sizeof(double), stats.values.data() + 2,
                          sizeof stats.values - 2 * sizeof(double));
         p.order_before(params_->shard_comm(), "partitioned_optimizer step");
-        all_reduce(params_->shard_comm(),
+        all_reduce(params_->step_communicator(),
                    buffer{stats_.data(), stats.values.size(), dtype::f64, p.where()});
         p.copy_to_host(stats.values.data(), stats_.data(), sizeof stats.values);
     }

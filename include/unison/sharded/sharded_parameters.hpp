@@ -31,10 +31,15 @@
 /// reduce_gradients, wait_gradients, publish_parameters) are collective over the shard
 /// group and must be made in the same order on every rank. Each carries its unit as
 /// the call's tag, so where calls are matched (the thread and MPI backends always,
-/// NCCL with UNISON_DEBUG=1) ranks working on different units are an error.
+/// NCCL with UNISON_DEBUG=1) ranks working on different units are an error, and the
+/// count of iterations (wait_gradients calls that completed reductions) as the
+/// call's step, so a rank that ran ahead into the next iteration is one too. To
+/// catch a rank that skipped a whole iteration, pass a stepped_communicator with
+/// the loop's index set (comm/stepped_communicator.hpp).
 
 #include "unison/comm/collectives.hpp"
 #include "unison/comm/communicator.hpp"
+#include "unison/comm/stepped_communicator.hpp"
 #include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/convert.hpp"
 #include "unison/core/detail/hash.hpp"
@@ -101,6 +106,8 @@ public:
     using config = detail::sharded_config<Policies...>;
     using strategy = typename config::strategy;
     using communicator_type = C;
+    /// shard_comm() with the iteration count stamped on each call.
+    using step_communicator_type = stepped_communicator<C>;
     using request_type = typename C::request_type;
     /// The ZeRO stage of the strategy (0-3).
     static constexpr int stage = strategy::stage;
@@ -130,7 +137,9 @@ public:
             }
             shard_own_.emplace(comm.split(comm.rank() / g, comm.rank()));
             replica_own_.emplace(comm.split(comm.rank() % g, comm.rank()));
+            replica_steps_.emplace(*replica_own_);
         }
+        shard_steps_.emplace(shard_comm());
     }
 
     sharded_parameters(const sharded_parameters&) = delete;
@@ -371,7 +380,7 @@ public:
             whole = u.mem.wire.data();
         }
         place_.order_before(shard_comm(), "sharded_parameters reduce_gradients");
-        u.reduce = strategy::reduce(shard_comm(), context(u, unit_index), whole);
+        u.reduce = strategy::reduce(*shard_steps_, context(u, unit_index), whole);
         record(1, unit_index);
         pending_.push_back(unit_index);
         progress(reductions_in_flight);
@@ -381,6 +390,20 @@ public:
     /// gradient partitions then hold the average over all ranks.
     void wait_gradients() {
         require_started("wait_gradients");
+        const bool any_reduced =
+            std::any_of(units_.begin(), units_.end(), [](const unit& u) { return u.reduced; });
+        struct next_iteration { // also when this throws: every rank counts it
+            sharded_parameters& self;
+            bool counts;
+            ~next_iteration() {
+                if (counts) {
+                    self.shard_steps_->set_step(self.shard_steps_->step() + 1);
+                    if (self.replica_steps_) {
+                        self.replica_steps_->set_step(self.shard_steps_->step());
+                    }
+                }
+            }
+        } counted{*this, any_reduced};
         std::exception_ptr failure;
         for (std::size_t k = 0; k < units_.size(); ++k) {
             if (units_[k].grad_touched && !units_[k].reduced) {
@@ -441,7 +464,7 @@ public:
                 const buffer whole{u.mem.full_param.data(), u.mem.padded, param_dtype,
                                    place_.where()};
                 requests.push_back(detail::submit_tagged(
-                    shard_comm(),
+                    *shard_steps_,
                     detail::all_gather_call(s, detail::block_of(s, whole), whole, true),
                     tag_of(k)));
                 record(2, k);
@@ -495,6 +518,11 @@ public:
             return *comm_;
         }
     }
+    /// shard_comm() with this object's iteration count stamped on each call as its
+    /// step: what its own collectives and the optimizer's go through.
+    step_communicator_type& step_communicator() noexcept { return *shard_steps_; }
+    /// Iterations so far: wait_gradients() calls that completed reductions.
+    std::uint64_t iterations() const noexcept { return shard_steps_->step(); }
     int shard_size() const noexcept {
         if constexpr (strategy::hybrid) {
             return shard_own_->size();
@@ -618,9 +646,9 @@ private:
     detail::unit_context context(unit& u, std::size_t unit_index) {
         return {u.mem, config::dtypes, place_, shard_rank(), tag_of(unit_index)};
     }
-    C* replica_comm() noexcept {
+    step_communicator_type* replica_comm() noexcept {
         if constexpr (strategy::hybrid) {
-            return &*replica_own_;
+            return &*replica_steps_;
         } else {
             return nullptr;
         }
@@ -702,7 +730,7 @@ private:
         u.mem.full_param = detail::flat_buffer(u.mem.padded * size_of(param_dtype), place_);
         place_.order_before(shard_comm(), "sharded_parameters gather");
         u.gather = detail::submit_tagged(
-            shard_comm(),
+            *shard_steps_,
             detail::all_gather_call(
                 detail::site(shard_comm(), operation::all_gather),
                 const_buffer(u.mem.shard_param.data(), u.mem.shard, param_dtype, place_.where()),
@@ -817,6 +845,8 @@ private:
     shard_options options_;
     detail::placement place_;
     std::optional<C> shard_own_, replica_own_;
+    /// shard_comm() and the replica communicator, stamped with the iteration count.
+    std::optional<step_communicator_type> shard_steps_, replica_steps_;
     std::vector<entry> entries_;
     std::vector<unit> units_;
     std::deque<std::size_t> pending_; // units whose reduction is in flight, oldest first
