@@ -13,12 +13,16 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <signal.h>
+#include <unistd.h>
 
 using namespace std::chrono_literals;
 
@@ -239,6 +243,78 @@ TEST_CASE("mpi: a rank that never joins is named with where it is, and the other
         MPI_Barrier(MPI_COMM_WORLD);
     }
 }
+TEST_CASE("mpi: a peer that stops mid-ring is named, and the others exit at once") {
+    // A process that stops (SIGSTOP: as if killed, but Open MPI's launcher would end
+    // the whole job on a death) after every rank passed the handshake of a large
+    // all-reduce, so unison's ring has the callers' buffers: the others time out
+    // naming it, their receives are cancelled (the buffers released) and they exit
+    // at once. (A posted MPI collective cannot be cancelled, and the error then says
+    // MPI still holds the buffers; that path is not tested here: over shared memory
+    // Open MPI copies a stopped process's data without it, so its all-gathers
+    // complete.)
+    const std::chrono::milliseconds timeout = 1s;
+    int me = 0, size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const int pid = static_cast<int>(::getpid());
+    std::vector<int> pids(static_cast<std::size_t>(size));
+    MPI_Allgather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    const int stopper = size - 1;
+    {
+        MPI_Comm survivors = MPI_COMM_NULL;
+        MPI_Comm_split(MPI_COMM_WORLD, me == stopper ? MPI_UNDEFINED : 0, me, &survivors);
+        // Static: abandoned calls are leaked, and MPI may still write a buffer whose
+        // transfer was under way when the stopped rank goes on.
+        static std::vector<float> data;
+        data = values(me, std::size_t{16} << 20); // 64 MiB: a ring that takes a while
+        std::optional<unison::mpi_communicator> comm;
+        comm.emplace(world(timeout, false));
+        if (me == stopper) {
+            auto request = unison::all_reduce_async(*comm, data);
+            // Drive it through the handshake into the ring, then stop.
+            const auto until = std::chrono::steady_clock::now() + 5ms;
+            bool done = false;
+            while (!done && std::chrono::steady_clock::now() < until) {
+                done = request.test();
+            }
+            CHECK_FALSE(done);
+            ::raise(SIGSTOP);
+            // Woken once the others gave up: its call cannot complete.
+            try {
+                request.wait();
+            } catch (const unison::error&) {
+            }
+        } else {
+            const auto start = std::chrono::steady_clock::now();
+            std::string what;
+            try {
+                unison::all_reduce(*comm, data);
+            } catch (const unison::timeout_error& e) {
+                what = e.what();
+            }
+            const auto waited = std::chrono::steady_clock::now() - start;
+            CAPTURE(what);
+            CHECK(what.find("all_reduce #0: not complete after 1000 ms") != std::string::npos);
+            CHECK(what.find("rank " + std::to_string(stopper) + " did not answer") !=
+                  std::string::npos);
+            // the ring's receives were cancelled: the buffers are free again
+            CHECK(what.find("MPI still holds") == std::string::npos);
+            CHECK(waited < timeout + 1s);
+            const auto before_exit = std::chrono::steady_clock::now();
+            comm.reset();
+            // nothing waits for the stopped rank: no second timeout
+            CHECK(std::chrono::steady_clock::now() - before_exit < timeout / 2);
+            MPI_Barrier(survivors); // every survivor has its error: wake the stopped rank
+            if (me == 0) {
+                ::kill(static_cast<pid_t>(pids[static_cast<std::size_t>(stopper)]), SIGCONT);
+            }
+            MPI_Comm_free(&survivors);
+        }
+        comm.reset();
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+}
+
 TEST_CASE("mpi: a rank that skips a call in a stepped loop is caught at its next call") {
     SUBCASE("default options: the handshake") {
         auto comm = world(10s, false);

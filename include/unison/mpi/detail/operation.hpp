@@ -190,6 +190,45 @@ public:
     bool idle() const noexcept { return handshake_.idle() && active_ == 0 && !ring_; }
     /// True while only staging buffers (never the user's) are in MPI's hands.
     bool in_handshake() const noexcept { return phase_ == phase::handshake; }
+    /// Gives the call up after a timeout: it is never driven again, so unison never
+    /// touches its buffers again, and what MPI allows is cancelled: the ring's
+    /// receives and a recv's (sends are left to complete on their own; MPI only reads
+    /// their buffers). True when MPI holds nothing it could write into the caller's
+    /// buffers: always for a call in its handshake (only staging buffers are in MPI's
+    /// hands; the communicator's destructor cancels it), never for a posted MPI
+    /// collective still running (MPI cannot cancel one).
+    bool abandon() noexcept {
+        done_ = true;
+        if (phase_ == phase::handshake) {
+            return true;
+        }
+        const auto budget = std::chrono::milliseconds(100);
+        if (ring_) {
+            return ring_->cancel(budget);
+        }
+        if (active_ == 0) {
+            return true;
+        }
+        int flag = 0;
+        MPI_Testall(active_, requests_, &flag, MPI_STATUSES_IGNORE);
+        if (flag != 0) {
+            return true;
+        }
+        if (call_.op == operation::send) {
+            MPI_Request_free(&requests_[0]);
+            return true;
+        }
+        if (call_.op == operation::recv) {
+            MPI_Cancel(&requests_[0]);
+            const auto until = clock::now() + budget;
+            while (flag == 0 && clock::now() < until) {
+                MPI_Test(&requests_[0], &flag, MPI_STATUS_IGNORE);
+            }
+            return flag != 0;
+        }
+        return false;
+    }
+
     /// Gives up a call abandoned in its handshake.
     void cancel_handshake() noexcept {
         handshake_.cancel();
@@ -543,13 +582,13 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
                 const std::uint64_t seq = op->sequence();
                 const mpi_peer_report mine = report();
                 poisoned = label + " timed out";
-                if (op->in_handshake()) {
-                    // Only staging buffers are in MPI's hands; the engine must not
-                    // go on to hand it the user's. It stays first in the post queue,
-                    // so no later collective posts past it either.
-                    erase_from(in_flight_, op.get());
-                }
-                abandoned.push_back(std::move(op)); // MPI may still write its buffers
+                // Never driven again: in its handshake, the engine must not go on to
+                // hand MPI the user's buffers (it stays first in the post queue, so
+                // no later collective posts past it either); past it, unison must not
+                // write them once the caller has its error.
+                erase_from(in_flight_, op.get());
+                const bool released = op->abandon();
+                abandoned.push_back(std::move(op)); // leaked with the communicator
                 // Ask the others where they are, within half a second.
                 const auto budget = std::chrono::milliseconds(500);
                 const auto answers = peers_.ask(mine, budget);
@@ -559,7 +598,12 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
                         (mine.waiting_for >= 0
                              ? ", waiting to hear from rank " + std::to_string(mine.waiting_for)
                              : std::string()) +
-                        "; " + describe_peers(answers, rank, mine, budget),
+                        "; " + describe_peers(answers, rank, mine, budget) +
+                        (released ? std::string()
+                                  : "; MPI still holds this call's buffers (a posted MPI "
+                                    "collective cannot be cancelled, or a transfer was under "
+                                    "way) and may write them if the peer goes on: keep them "
+                                    "allocated, or end the job (MPI_Abort)"),
                     seq);
             }
             if (now - start > std::chrono::milliseconds(1)) {
@@ -581,36 +625,20 @@ inline mpi_rank_state::~mpi_rank_state() {
     }
     peers_.close(/*leak=*/!poisoned.empty());
     // A call abandoned in its handshake holds only its own staging buffers: cancel it
-    // and keep the buffers (a late peer may still read them). Give the others one
-    // more timeout to finish (a slow peer may still join). Either way, a call not
-    // complete is leaked along with the communicator: freeing it would let MPI give
-    // its context to a new communicator, which would then receive the messages a
-    // peer sent to the abandoned call.
-    const auto deadline = clock::now() + options.timeout;
-    bool all_done = true;
+    // now. Past its handshake, abandon() cancelled what MPI allows when the call
+    // timed out. Either way nothing waits for a peer here (it would cost the caller a
+    // second timeout), and an abandoned call is leaked along with its buffers and the
+    // communicator: a late peer may still send to it, and freeing the communicator
+    // would let MPI give its context to a new one, which would then receive those
+    // messages.
     for (auto& op : abandoned) {
         if (op->in_handshake()) {
             op->cancel_handshake();
-            (void)op.release();
-            all_done = false;
-            continue;
         }
-        try {
-            while (!op->progress() && clock::now() < deadline) {
-                std::this_thread::yield();
-            }
-            all_done = all_done && op->progress();
-        } catch (...) {
-            all_done = false;
-        }
+        (void)op.release();
     }
-    if (all_done) {
-        abandoned.clear();
+    if (abandoned.empty()) {
         MPI_Comm_free(&comm);
-    } else {
-        for (auto& op : abandoned) {
-            (void)op.release();
-        }
     }
 }
 

@@ -179,6 +179,7 @@ inline std::string describe_peers(const std::vector<std::optional<mpi_peer_repor
                                   int rank, const mpi_peer_report& mine,
                                   std::chrono::milliseconds budget) {
     std::string late, arrived;
+    int in_it = 0;
     for (std::size_t r = 0; r < answers.size(); ++r) {
         if (static_cast<int>(r) == rank) {
             continue;
@@ -190,6 +191,7 @@ inline std::string describe_peers(const std::vector<std::optional<mpi_peer_repor
                     std::to_string(budget.count()) + " ms (dead, hung, or busy outside unison)";
         } else if (a->in_call != 0 && a->op == mine.op && a->sequence == mine.sequence) {
             arrived += (arrived.empty() ? "" : ", ") + std::to_string(r);
+            ++in_it;
         } else {
             late += (late.empty() ? "" : "; ") + who + " is " + a->where();
         }
@@ -199,7 +201,9 @@ inline std::string describe_peers(const std::vector<std::optional<mpi_peer_repor
                "): a message between them was lost or MPI is stuck";
     }
     return "not in this call: " + late +
-           (arrived.empty() ? std::string() : " (ranks " + arrived + " are in it)");
+           (in_it == 0   ? std::string()
+            : in_it == 1 ? " (rank " + arrived + " is in it)"
+                         : " (ranks " + arrived + " are in it)");
 }
 
 } // namespace unison::detail

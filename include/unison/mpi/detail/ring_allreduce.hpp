@@ -16,6 +16,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -104,6 +105,37 @@ public:
             }
             post_step();
         }
+    }
+
+    /// Gives the ring up (after a timeout; it is never driven again): cancels the
+    /// posted receives, waiting at most `budget` in all for the cancellations (a
+    /// receive already matched completes only when its sender goes on, and is then
+    /// left), and frees the sends, which complete or not on their own (MPI only reads
+    /// their buffers). True when no receive is left in MPI's hands, so nothing writes
+    /// to the caller's buffer or the scratch any more.
+    bool cancel(std::chrono::steady_clock::duration budget) noexcept {
+        const auto until = std::chrono::steady_clock::now() + budget;
+        const auto receives = static_cast<std::size_t>(std::max(recv_segments_, 0));
+        for (std::size_t k = 0; k < receives && k < requests_.size(); ++k) {
+            if (requests_[k] != MPI_REQUEST_NULL) {
+                MPI_Cancel(&requests_[k]);
+            }
+        }
+        bool released = true;
+        for (std::size_t k = 0; k < receives && k < requests_.size(); ++k) {
+            int flag = 0;
+            while (requests_[k] != MPI_REQUEST_NULL && flag == 0 &&
+                   std::chrono::steady_clock::now() < until) {
+                MPI_Test(&requests_[k], &flag, MPI_STATUS_IGNORE);
+            }
+            released = released && requests_[k] == MPI_REQUEST_NULL;
+        }
+        for (std::size_t k = receives; k < requests_.size(); ++k) {
+            if (requests_[k] != MPI_REQUEST_NULL) {
+                MPI_Request_free(&requests_[k]);
+            }
+        }
+        return released;
     }
 
 private:
