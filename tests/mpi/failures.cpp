@@ -319,6 +319,8 @@ TEST_CASE("mpi: a rank that skips a call in a stepped loop is caught at its next
     SUBCASE("default options: the handshake") {
         auto comm = world(10s, false);
         unison::test::skipped_call_is_caught_at_once(comm);
+        unison::test::skipped_call_is_caught_at_once(comm, unison::test::stamped_by::call_stamp);
+        unison::test::tag_mismatch_is_caught(comm);
     }
     SUBCASE("check_matching") {
         auto comm = world(10s, true);

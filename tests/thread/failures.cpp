@@ -216,6 +216,9 @@ TEST_CASE("thread: a rank that skips a call in a stepped loop is caught at its n
         CAPTURE(ranks);
         unison::thread_world(ranks, short_timeout(10s)).run([](unison::thread_communicator& comm) {
             unison::test::skipped_call_is_caught_at_once(comm);
+            unison::test::skipped_call_is_caught_at_once(comm,
+                                                         unison::test::stamped_by::call_stamp);
+            unison::test::tag_mismatch_is_caught(comm);
         });
     }
 }

@@ -13,9 +13,24 @@
 #include "unison/comm/detail/validate.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 namespace unison {
+
+/// What a collective belongs to, for call matching (collective_call::tag and
+/// ::step): every collective takes one as its last, optional argument. The thread
+/// and MPI backends compare both on every call (NCCL with UNISON_DEBUG=1), so ranks
+/// whose calls carry another tag or step are a mismatch_error on that field before
+/// any data moves, instead of being paired by their order:
+///
+///     unison::all_reduce(comm, loss, unison::reduce_op::sum, {.step = i});
+///
+/// A stepped_communicator stamps the step of every call instead (and over this one).
+struct call_stamp {
+    int tag = 0;            ///< what the call belongs to (a layer, a bucket); 0: none
+    std::uint64_t step = 0; ///< the step of the caller's loop; 0: none
+};
 
 namespace detail {
 template <communicator C>
@@ -33,36 +48,57 @@ inline buffer block_of(const call_site& site, const buffer& whole) {
                             : base + static_cast<std::size_t>(site.rank) * n * size_of(whole.type),
             n, whole.type, whole.location};
 }
+
+/// Hands calls to `comm` with `stamp`'s tag and step (the stamp parameter of every
+/// collective below).
+template <communicator C>
+struct stamp_onto {
+    C& comm;
+    call_stamp stamp;
+    stamp_onto(C& c, call_stamp s) : comm(c), stamp(s) {}
+    void execute(collective_call call) { comm.execute(stamped(call)); }
+    typename C::request_type submit(collective_call call) { return comm.submit(stamped(call)); }
+    collective_call stamped(collective_call call) const noexcept {
+        call.tag = stamp.tag;
+        call.step = stamp.step;
+        return call;
+    }
+};
 } // namespace detail
 
 // ---------------------------------------------------------------- all_reduce
 
 /// out = in reduced with `op` over all ranks. `in` and `out` hold the same count.
 template <communicator C, tensor In, writable_tensor Out>
-void all_reduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum) {
-    comm.execute(detail::all_reduce_call(detail::site(comm, operation::all_reduce),
+void all_reduce(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum,
+                call_stamp stamp = {}) {
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::all_reduce_call(detail::site(comm, operation::all_reduce),
                                          as_const_buffer(in), as_buffer(out), op));
 }
 /// In place: `inout` = `inout` reduced with `op` over all ranks.
 template <communicator C, writable_tensor InOut>
-void all_reduce(C& comm, InOut&& inout, reduce_op op = reduce_op::sum) {
+void all_reduce(C& comm, InOut&& inout, reduce_op op = reduce_op::sum, call_stamp stamp = {}) {
     const buffer b = as_buffer(inout);
-    comm.execute(detail::all_reduce_call(detail::site(comm, operation::all_reduce), b, b, op));
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::all_reduce_call(detail::site(comm, operation::all_reduce), b, b, op));
 }
 /// Non-blocking all_reduce; buffers must stay alive and untouched until the request completes.
 template <communicator C, tensor In, writable_tensor Out>
 [[nodiscard]] typename C::request_type all_reduce_async(C& comm, const In& in, Out&& out,
-                                                        reduce_op op = reduce_op::sum) {
-    return comm.submit(detail::all_reduce_call(detail::site(comm, operation::all_reduce),
-                                               as_const_buffer(in), as_buffer(out), op));
+                                                        reduce_op op = reduce_op::sum,
+                                                        call_stamp stamp = {}) {
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::all_reduce_call(detail::site(comm, operation::all_reduce),
+                                        as_const_buffer(in), as_buffer(out), op));
 }
 /// Non-blocking in-place all_reduce.
 template <communicator C, writable_tensor InOut>
-[[nodiscard]] typename C::request_type all_reduce_async(C& comm, InOut&& inout,
-                                                        reduce_op op = reduce_op::sum) {
+[[nodiscard]] typename C::request_type
+all_reduce_async(C& comm, InOut&& inout, reduce_op op = reduce_op::sum, call_stamp stamp = {}) {
     const buffer b = as_buffer(inout);
-    return comm.submit(
-        detail::all_reduce_call(detail::site(comm, operation::all_reduce), b, b, op));
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::all_reduce_call(detail::site(comm, operation::all_reduce), b, b, op));
 }
 
 // ------------------------------------------------------------ reduce_scatter
@@ -70,103 +106,124 @@ template <communicator C, writable_tensor InOut>
 /// `in` (size * n elements) reduced over all ranks; this rank receives block
 /// `rank()` of the result in `out` (n elements).
 template <communicator C, tensor In, writable_tensor Out>
-void reduce_scatter(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum) {
-    comm.execute(detail::reduce_scatter_call(detail::site(comm, operation::reduce_scatter),
+void reduce_scatter(C& comm, const In& in, Out&& out, reduce_op op = reduce_op::sum,
+                    call_stamp stamp = {}) {
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::reduce_scatter_call(detail::site(comm, operation::reduce_scatter),
                                              as_const_buffer(in), as_buffer(out), op, false));
 }
 /// In place: block `rank()` of `inout` receives the reduced block; other blocks are unspecified.
 template <communicator C, writable_tensor InOut>
-void reduce_scatter(C& comm, InOut&& inout, reduce_op op = reduce_op::sum) {
+void reduce_scatter(C& comm, InOut&& inout, reduce_op op = reduce_op::sum, call_stamp stamp = {}) {
     const auto s = detail::site(comm, operation::reduce_scatter);
     const buffer whole = as_buffer(inout);
-    comm.execute(detail::reduce_scatter_call(s, whole, detail::block_of(s, whole), op, true));
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::reduce_scatter_call(s, whole, detail::block_of(s, whole), op, true));
 }
 /// Non-blocking reduce_scatter.
 template <communicator C, tensor In, writable_tensor Out>
 [[nodiscard]] typename C::request_type reduce_scatter_async(C& comm, const In& in, Out&& out,
-                                                            reduce_op op = reduce_op::sum) {
-    return comm.submit(detail::reduce_scatter_call(detail::site(comm, operation::reduce_scatter),
-                                                   as_const_buffer(in), as_buffer(out), op, false));
+                                                            reduce_op op = reduce_op::sum,
+                                                            call_stamp stamp = {}) {
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::reduce_scatter_call(detail::site(comm, operation::reduce_scatter),
+                                            as_const_buffer(in), as_buffer(out), op, false));
 }
 /// Non-blocking in-place reduce_scatter.
 template <communicator C, writable_tensor InOut>
-[[nodiscard]] typename C::request_type reduce_scatter_async(C& comm, InOut&& inout,
-                                                            reduce_op op = reduce_op::sum) {
+[[nodiscard]] typename C::request_type
+reduce_scatter_async(C& comm, InOut&& inout, reduce_op op = reduce_op::sum, call_stamp stamp = {}) {
     const auto s = detail::site(comm, operation::reduce_scatter);
     const buffer whole = as_buffer(inout);
-    return comm.submit(detail::reduce_scatter_call(s, whole, detail::block_of(s, whole), op, true));
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::reduce_scatter_call(s, whole, detail::block_of(s, whole), op, true));
 }
 
 // ---------------------------------------------------------------- all_gather
 
 /// `out` (size * n elements) = every rank's `in` (n elements), in rank order.
 template <communicator C, tensor In, writable_tensor Out>
-void all_gather(C& comm, const In& in, Out&& out) {
-    comm.execute(detail::all_gather_call(detail::site(comm, operation::all_gather),
+void all_gather(C& comm, const In& in, Out&& out, call_stamp stamp = {}) {
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::all_gather_call(detail::site(comm, operation::all_gather),
                                          as_const_buffer(in), as_buffer(out), false));
 }
 /// In place: this rank's input is block `rank()` of `inout`.
 template <communicator C, writable_tensor InOut>
-void all_gather(C& comm, InOut&& inout) {
+void all_gather(C& comm, InOut&& inout, call_stamp stamp = {}) {
     const auto s = detail::site(comm, operation::all_gather);
     const buffer whole = as_buffer(inout);
-    comm.execute(detail::all_gather_call(s, detail::block_of(s, whole), whole, true));
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::all_gather_call(s, detail::block_of(s, whole), whole, true));
 }
 /// Non-blocking all_gather.
 template <communicator C, tensor In, writable_tensor Out>
-[[nodiscard]] typename C::request_type all_gather_async(C& comm, const In& in, Out&& out) {
-    return comm.submit(detail::all_gather_call(detail::site(comm, operation::all_gather),
-                                               as_const_buffer(in), as_buffer(out), false));
+[[nodiscard]] typename C::request_type all_gather_async(C& comm, const In& in, Out&& out,
+                                                        call_stamp stamp = {}) {
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::all_gather_call(detail::site(comm, operation::all_gather),
+                                        as_const_buffer(in), as_buffer(out), false));
 }
 /// Non-blocking in-place all_gather.
 template <communicator C, writable_tensor InOut>
-[[nodiscard]] typename C::request_type all_gather_async(C& comm, InOut&& inout) {
+[[nodiscard]] typename C::request_type all_gather_async(C& comm, InOut&& inout,
+                                                        call_stamp stamp = {}) {
     const auto s = detail::site(comm, operation::all_gather);
     const buffer whole = as_buffer(inout);
-    return comm.submit(detail::all_gather_call(s, detail::block_of(s, whole), whole, true));
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::all_gather_call(s, detail::block_of(s, whole), whole, true));
 }
 
 /// All-gather with per-rank counts: rank r contributes `counts[r]` elements and
 /// `out` receives them concatenated in rank order. Every rank passes the same counts.
 template <communicator C, tensor In, writable_tensor Out>
-void all_gatherv(C& comm, const In& in, Out&& out, std::span<const std::size_t> counts) {
-    comm.execute(detail::all_gatherv_call(detail::site(comm, operation::all_gatherv),
+void all_gatherv(C& comm, const In& in, Out&& out, std::span<const std::size_t> counts,
+                 call_stamp stamp = {}) {
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::all_gatherv_call(detail::site(comm, operation::all_gatherv),
                                           as_const_buffer(in), as_buffer(out), counts));
 }
 /// Non-blocking all_gatherv; `counts` must also outlive the request.
 template <communicator C, tensor In, writable_tensor Out>
 [[nodiscard]] typename C::request_type all_gatherv_async(C& comm, const In& in, Out&& out,
-                                                         std::span<const std::size_t> counts) {
-    return comm.submit(detail::all_gatherv_call(detail::site(comm, operation::all_gatherv),
-                                                as_const_buffer(in), as_buffer(out), counts));
+                                                         std::span<const std::size_t> counts,
+                                                         call_stamp stamp = {}) {
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::all_gatherv_call(detail::site(comm, operation::all_gatherv),
+                                         as_const_buffer(in), as_buffer(out), counts));
 }
 
 // ----------------------------------------------------------------- broadcast
 
 /// In place: every rank's `inout` receives rank `root`'s.
 template <communicator C, writable_tensor InOut>
-void broadcast(C& comm, InOut&& inout, int root) {
+void broadcast(C& comm, InOut&& inout, int root, call_stamp stamp = {}) {
     const buffer b = as_buffer(inout);
-    comm.execute(detail::broadcast_call(detail::site(comm, operation::broadcast), b, b, root));
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::broadcast_call(detail::site(comm, operation::broadcast), b, b, root));
 }
 /// `out` on every rank receives `in` of rank `root` (`in` is read on the root only).
 template <communicator C, tensor In, writable_tensor Out>
-void broadcast(C& comm, const In& in, Out&& out, int root) {
-    comm.execute(detail::broadcast_call(detail::site(comm, operation::broadcast),
+void broadcast(C& comm, const In& in, Out&& out, int root, call_stamp stamp = {}) {
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::broadcast_call(detail::site(comm, operation::broadcast),
                                         as_const_buffer(in), as_buffer(out), root));
 }
 /// Non-blocking in-place broadcast.
 template <communicator C, writable_tensor InOut>
-[[nodiscard]] typename C::request_type broadcast_async(C& comm, InOut&& inout, int root) {
+[[nodiscard]] typename C::request_type broadcast_async(C& comm, InOut&& inout, int root,
+                                                       call_stamp stamp = {}) {
     const buffer b = as_buffer(inout);
-    return comm.submit(
-        detail::broadcast_call(detail::site(comm, operation::broadcast), b, b, root));
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::broadcast_call(detail::site(comm, operation::broadcast), b, b, root));
 }
 /// Non-blocking broadcast.
 template <communicator C, tensor In, writable_tensor Out>
-[[nodiscard]] typename C::request_type broadcast_async(C& comm, const In& in, Out&& out, int root) {
-    return comm.submit(detail::broadcast_call(detail::site(comm, operation::broadcast),
-                                              as_const_buffer(in), as_buffer(out), root));
+[[nodiscard]] typename C::request_type broadcast_async(C& comm, const In& in, Out&& out, int root,
+                                                       call_stamp stamp = {}) {
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::broadcast_call(detail::site(comm, operation::broadcast),
+                                       as_const_buffer(in), as_buffer(out), root));
 }
 
 // -------------------------------------------------------------------- reduce
@@ -174,29 +231,37 @@ template <communicator C, tensor In, writable_tensor Out>
 /// `out` on rank `root` = `in` reduced over all ranks; `out` is not written elsewhere
 /// (non-root ranks may pass an empty `unison::buffer{}`).
 template <communicator C, tensor In, writable_tensor Out>
-void reduce(C& comm, const In& in, Out&& out, int root, reduce_op op = reduce_op::sum) {
-    comm.execute(detail::reduce_call(detail::site(comm, operation::reduce), as_const_buffer(in),
+void reduce(C& comm, const In& in, Out&& out, int root, reduce_op op = reduce_op::sum,
+            call_stamp stamp = {}) {
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::reduce_call(detail::site(comm, operation::reduce), as_const_buffer(in),
                                      as_buffer(out), root, op));
 }
 /// In place: `inout` on rank `root` receives the reduction; elsewhere it is unchanged.
 template <communicator C, writable_tensor InOut>
-void reduce(C& comm, InOut&& inout, int root, reduce_op op = reduce_op::sum) {
+void reduce(C& comm, InOut&& inout, int root, reduce_op op = reduce_op::sum,
+            call_stamp stamp = {}) {
     const buffer b = as_buffer(inout);
-    comm.execute(detail::reduce_call(detail::site(comm, operation::reduce), b, b, root, op));
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::reduce_call(detail::site(comm, operation::reduce), b, b, root, op));
 }
 /// Non-blocking reduce.
 template <communicator C, tensor In, writable_tensor Out>
 [[nodiscard]] typename C::request_type reduce_async(C& comm, const In& in, Out&& out, int root,
-                                                    reduce_op op = reduce_op::sum) {
-    return comm.submit(detail::reduce_call(detail::site(comm, operation::reduce),
-                                           as_const_buffer(in), as_buffer(out), root, op));
+                                                    reduce_op op = reduce_op::sum,
+                                                    call_stamp stamp = {}) {
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::reduce_call(detail::site(comm, operation::reduce), as_const_buffer(in),
+                                    as_buffer(out), root, op));
 }
 /// Non-blocking in-place reduce.
 template <communicator C, writable_tensor InOut>
 [[nodiscard]] typename C::request_type reduce_async(C& comm, InOut&& inout, int root,
-                                                    reduce_op op = reduce_op::sum) {
+                                                    reduce_op op = reduce_op::sum,
+                                                    call_stamp stamp = {}) {
     const buffer b = as_buffer(inout);
-    return comm.submit(detail::reduce_call(detail::site(comm, operation::reduce), b, b, root, op));
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::reduce_call(detail::site(comm, operation::reduce), b, b, root, op));
 }
 
 // ---------------------------------------------------------------- all_to_all
@@ -204,15 +269,18 @@ template <communicator C, writable_tensor InOut>
 /// Block q of `in` goes to rank q, where it lands as block `rank()` of `out`.
 /// Both hold size * n elements.
 template <communicator C, tensor In, writable_tensor Out>
-void all_to_all(C& comm, const In& in, Out&& out) {
-    comm.execute(detail::all_to_all_call(detail::site(comm, operation::all_to_all),
+void all_to_all(C& comm, const In& in, Out&& out, call_stamp stamp = {}) {
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::all_to_all_call(detail::site(comm, operation::all_to_all),
                                          as_const_buffer(in), as_buffer(out)));
 }
 /// Non-blocking all_to_all.
 template <communicator C, tensor In, writable_tensor Out>
-[[nodiscard]] typename C::request_type all_to_all_async(C& comm, const In& in, Out&& out) {
-    return comm.submit(detail::all_to_all_call(detail::site(comm, operation::all_to_all),
-                                               as_const_buffer(in), as_buffer(out)));
+[[nodiscard]] typename C::request_type all_to_all_async(C& comm, const In& in, Out&& out,
+                                                        call_stamp stamp = {}) {
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::all_to_all_call(detail::site(comm, operation::all_to_all),
+                                        as_const_buffer(in), as_buffer(out)));
 }
 
 // ------------------------------------------------------------- send and recv
@@ -251,13 +319,13 @@ template <communicator C, writable_tensor Out>
 
 /// Returns once every rank has entered the barrier.
 template <communicator C>
-void barrier(C& comm) {
-    comm.execute(collective_call{});
+void barrier(C& comm, call_stamp stamp = {}) {
+    detail::stamp_onto(comm, stamp).execute(collective_call{});
 }
 /// Non-blocking barrier.
 template <communicator C>
-[[nodiscard]] typename C::request_type barrier_async(C& comm) {
-    return comm.submit(collective_call{});
+[[nodiscard]] typename C::request_type barrier_async(C& comm, call_stamp stamp = {}) {
+    return detail::stamp_onto(comm, stamp).submit(collective_call{});
 }
 
 } // namespace unison

@@ -91,7 +91,8 @@ inline void check_signature(int rank, const std::string& label, int ref_rank,
         field = "tag";
         a = "tag " + std::to_string(ref.tag);
         b = "tag " + std::to_string(theirs.tag) +
-            " (the unit or bucket the call belongs to differs across ranks)";
+            " (what the call belongs to, a unit, bucket or the caller's tag, differs across "
+            "ranks)";
     }
     if (field != nullptr) {
         throw mismatch_error(rank, label,
