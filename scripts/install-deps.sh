@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake g++ make git pkg-config clang-format
-          openmpi-bin libopenmpi-dev doctest-dev libbenchmark-dev libeigen3-dev
+          openmpi-bin libopenmpi-dev doctest-dev libbenchmark-dev libeigen3-dev libxxhash-dev
           libtorch-dev python3-torch
           libopenblas0-pthread) # LibTorch's matrix products: ~20x the reference BLAS
 

@@ -45,8 +45,9 @@ std::string hex16(std::uint64_t v) {
     return buffer;
 }
 
+/// The checksum of the version this build writes.
 std::uint64_t hash(std::string_view s) {
-    return ck::fnv1a64(s.data(), s.size());
+    return ck::checksum(ck::format_version, s.data(), s.size());
 }
 
 /// `body` followed by its checksum line.
@@ -308,17 +309,47 @@ TEST_CASE("checkpoint error: what() reads 'unison: checkpoint: FILE: PROBLEM'") 
 }
 
 TEST_CASE("checkpoint format: fnv1a64 matches the reference values") {
-    CHECK(hash("") == 0xcbf29ce484222325ull);
-    CHECK(hash("a") == 0xaf63dc4c8601ec8cull);
-    CHECK(hash("foobar") == 0x85944171f73967e8ull);
+    const auto fnv = [](std::string_view v) { return ck::fnv1a64(v.data(), v.size()); };
+    CHECK(fnv("") == 0xcbf29ce484222325ull);
+    CHECK(fnv("a") == 0xaf63dc4c8601ec8cull);
+    CHECK(fnv("foobar") == 0x85944171f73967e8ull);
+    CHECK(ck::checksum(1, "foobar", 6) == fnv("foobar")); // format version 1's checksum
     // In pieces, continuing from the previous result.
-    CHECK(ck::fnv1a64("bar", 3, hash("foo")) == hash("foobar"));
+    CHECK(ck::fnv1a64("bar", 3, fnv("foo")) == fnv("foobar"));
     const std::string s = "foobar";
-    CHECK(ck::fnv1a64(bytes_of(s)) == hash("foobar"));
+    CHECK(ck::fnv1a64(bytes_of(s)) == fnv("foobar"));
+}
+
+TEST_CASE("checkpoint format: version 2's checksum is XXH3-64, as xxHash's own tools give it") {
+    // Reference values from the python-xxhash package (its own copy of xxHash).
+    CHECK(hash("") == 0x2d06800538d394c2ull);
+    CHECK(hash("a") == 0xe6c632b61e964e1full);
+    CHECK(hash("foobar") == 0xd78fda63144c5c84ull);
+    std::string cycle;
+    for (int k = 0; k < 5; ++k) {
+        for (int b = 0; b < 256; ++b) {
+            cycle += static_cast<char>(b);
+        }
+    }
+    CHECK(hash(cycle) == 0x4844b009e164352eull); // 1280 bytes: XXH3's long-input path
+    CHECK(unison::detail::xxh3_64("foobar", 6, 7) == 0xe49fd0d4b811b2afull);
+}
+
+TEST_CASE("checkpoint format: version 1 (FNV-1a checksums) still parses") {
+    std::string v2 = ck::serialize(small());
+    std::string body = "unison-checkpoint 1\n" + body_of(v2).substr(body_of(v2).find('\n') + 1);
+    const std::string v1 = body + "checksum " + hex16(ck::fnv1a64(body.data(), body.size())) + "\n";
+    ck::metadata m = ck::parse(v1, "metadata");
+    CHECK(m.version == 1);
+    m.version = ck::format_version;
+    check_equal(m, small());
+    // ... and its checksum is FNV-1a's: XXH3's is refused
+    CHECK_THROWS_WITH_AS(ck::parse(body + "checksum " + hex16(hash(body)) + "\n", "metadata"),
+                         doctest::Contains("checksum mismatch"), unison::checkpoint_error);
 }
 
 TEST_CASE("checkpoint format: serialize writes the documented text") {
-    const std::string body = "unison-checkpoint 1\n"
+    const std::string body = "unison-checkpoint 2\n"
                              "world_size 2\n"
                              "layout zero3\n"
                              "optimizer adamw\n"
@@ -409,18 +440,20 @@ TEST_CASE("checkpoint format: 100000 ranges validate in O(R log R)") {
 
 TEST_CASE("checkpoint format: rejects what is not a whole metadata file") {
     const std::string good = ck::serialize(small());
-    CHECK_REJECTED("", "line 1: expected 'unison-checkpoint 1'", "not a unison checkpoint");
-    CHECK_REJECTED("hello\n", "line 1: expected 'unison-checkpoint 1'", "'hello'");
-    CHECK_REJECTED("unison-checkpoint 2\n" + good.substr(good.find('\n') + 1),
-                   "unsupported version 2", "reads version 1");
-    CHECK_REJECTED("unison-checkpoint 01\n" + good.substr(good.find('\n') + 1),
-                   "line 1: expected 'unison-checkpoint 1'");
+    CHECK_REJECTED("", "line 1: expected 'unison-checkpoint 2'", "not a unison checkpoint");
+    CHECK_REJECTED("hello\n", "line 1: expected 'unison-checkpoint 2'", "'hello'");
+    CHECK_REJECTED("unison-checkpoint 3\n" + good.substr(good.find('\n') + 1),
+                   "unsupported version 3", "reads versions 1 to 2");
+    CHECK_REJECTED("unison-checkpoint 0\n" + good.substr(good.find('\n') + 1),
+                   "unsupported version 0", "reads versions 1 to 2");
+    CHECK_REJECTED("unison-checkpoint 02\n" + good.substr(good.find('\n') + 1),
+                   "line 1: expected 'unison-checkpoint 2'");
     CHECK_REJECTED(good.substr(0, good.size() - 1), "newline", "truncated?");
     // Truncated after a whole line: the last line is not the checksum.
     const std::string half = good.substr(0, good.find("files"));
     CHECK_REJECTED(half, "line 14: expected 'checksum <16 hex digits>' as the last line",
                    "truncated?");
-    CHECK_REJECTED("unison-checkpoint 1\n", "line 1: expected 'checksum <16 hex digits>'");
+    CHECK_REJECTED("unison-checkpoint 2\n", "line 1: expected 'checksum <16 hex digits>'");
     // Anything after the checksum line.
     CHECK_REJECTED(good + "step 11\n", "line 26: expected 'checksum <16 hex digits>'");
     CHECK_REJECTED(good + "\n", "line 26: expected 'checksum <16 hex digits>'");
@@ -655,8 +688,10 @@ TEST_CASE("checkpoint format: rejects duplicate and malformed names") {
     m.world_size = 0;
     CHECK_INVALID(m, "world_size is 0");
     m = small();
-    m.version = 2;
-    CHECK(says(invalidity(m), {"unsupported version 2"}));
+    m.version = 3;
+    CHECK(says(invalidity(m), {"unsupported version 3"}));
+    m.version = 0;
+    CHECK(says(invalidity(m), {"unsupported version 0"}));
 
     // A name's length field must match the name.
     std::vector<std::string> lines = body_lines(ck::serialize(small()));

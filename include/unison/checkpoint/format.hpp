@@ -10,7 +10,7 @@
 /// The metadata is text, one item per line, every line ending in '\n', fields
 /// separated by exactly one space, lines in exactly this order:
 ///
-///     unison-checkpoint 1                     magic and format version
+///     unison-checkpoint 2                     magic and format version (1 or 2)
 ///     world_size <u32>                        ranks that wrote the checkpoint, >= 1
 ///     layout <word>                           e.g. zero3, fsdp_hybrid (informational)
 ///     optimizer <word>                        e.g. adamw, sgd, none
@@ -22,10 +22,10 @@
 ///     tensors <T>                             then T lines, unique non-empty names:
 ///     tensor <numel> <length> <name>
 ///     files <F>                               then F lines, unique names:
-///     file <bytes> <hex> <length> <name>        <hex>: fnv1a64 of the file's bytes
+///     file <bytes> <hex> <length> <name>        <hex>: checksum of the file's bytes
 ///     ranges <R>                              then R lines, in any order:
 ///     range <file> <tensor> <kind> <offset> <count> <dtype> <file_offset>
-///     checksum <hex>                          fnv1a64 of every byte before this line
+///     checksum <hex>                          checksum of every byte before this line
 ///
 /// where
 ///   - <u32>, <u64>, K, T, F, R, <numel>, <length>, <bytes>, <offset>, <count> and
@@ -33,7 +33,9 @@
 ///     (u64 unless the line says u32; <file>, <tensor> and <kind> are u32);
 ///   - <double> is written as printf's "%.17g" writes it (so it reads back exactly)
 ///     and read by std::from_chars;
-///   - <hex> is exactly 16 lowercase hexadecimal digits;
+///   - <hex> is exactly 16 lowercase hexadecimal digits: a checksum, XXH3-64 (seed
+///     0) in version 2, FNV-1a 64 in version 1 (`checkpoint::checksum`); the two
+///     versions differ in nothing else;
 ///   - <word> is one or more ASCII letters, digits and '_';
 ///   - <name> is the rest of the line: exactly <length> bytes, any bytes but '\n'.
 ///     A file name is relative to the checkpoint directory: not ".", not "..", no
@@ -97,7 +99,7 @@ inline std::string serialize(const metadata& m) {
         line("range ", num(r.file), " ", num(r.tensor), " ", num(r.kind), " ", num(r.offset), " ",
              num(r.count), " ", to_string(r.type), " ", num(r.file_offset));
     }
-    line("checksum ", detail::checkpoint_hex(fnv1a64(s.data(), s.size())));
+    line("checksum ", detail::checkpoint_hex(checksum(m.version, s.data(), s.size())));
     return s;
 }
 

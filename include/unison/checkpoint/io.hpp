@@ -196,12 +196,13 @@ inline std::vector<std::byte> read_file(const std::filesystem::path& path) {
     return data;
 }
 
-/// The whole content of `path`, checked to be `expected_bytes` long and to hash
-/// (fnv1a64) to `expected_checksum`, as the checkpoint's metadata says. Throws
-/// checkpoint_error naming `path` otherwise.
+/// The whole content of `path`, checked to be `expected_bytes` long and to hash to
+/// `expected_checksum` (checkpoint::checksum of format `version`), as the
+/// checkpoint's metadata says. Throws checkpoint_error naming `path` otherwise.
 inline std::vector<std::byte> read_verified(const std::filesystem::path& path,
                                             std::uint64_t expected_bytes,
-                                            std::uint64_t expected_checksum) {
+                                            std::uint64_t expected_checksum,
+                                            std::uint32_t version = format_version) {
     std::vector<std::byte> data = read_file(path);
     if (data.size() != expected_bytes) {
         throw checkpoint_error(
@@ -210,9 +211,10 @@ inline std::vector<std::byte> read_verified(const std::filesystem::path& path,
                                (data.size() < expected_bytes ? " (truncated?)"
                                                              : " (overwritten by another run?)"));
     }
-    if (const std::uint64_t checksum = fnv1a64(data); checksum != expected_checksum) {
+    if (const std::uint64_t sum = checksum(version, data.data(), data.size());
+        sum != expected_checksum) {
         throw checkpoint_error(path.string(), "checksum mismatch (corrupted): its bytes hash to " +
-                                                  detail::checkpoint_hex(checksum) +
+                                                  detail::checkpoint_hex(sum) +
                                                   ", the metadata says " +
                                                   detail::checkpoint_hex(expected_checksum));
     }

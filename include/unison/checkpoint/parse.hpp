@@ -150,24 +150,31 @@ inline metadata parse(std::string_view text, const std::string& file) {
     const auto fail = [&file](const std::string& problem) {
         detail::checkpoint_fail(file, problem);
     };
-    const std::string header =
-        std::string(detail::checkpoint_magic) + " " + std::to_string(format_version);
-
     // The first line says what this is; a later version may change everything after it.
     const std::string_view first = text.substr(0, text.find('\n'));
-    if (first != header) {
+    std::uint32_t version = 0;
+    {
         const std::string_view prefix = detail::checkpoint_magic;
         if (first.size() > prefix.size() && first.substr(0, prefix.size()) == prefix &&
             first[prefix.size()] == ' ') {
-            if (const auto version = detail::checkpoint_parse_unsigned<std::uint64_t>(
+            if (const auto v = detail::checkpoint_parse_unsigned<std::uint64_t>(
                     first.substr(prefix.size() + 1))) {
-                fail("unsupported version " + std::to_string(*version) +
-                     " (this build reads version " + std::to_string(format_version) + ")");
+                if (*v < oldest_format_version || *v > format_version) {
+                    fail("unsupported version " + std::to_string(*v) +
+                         " (this build reads versions " + std::to_string(oldest_format_version) +
+                         " to " + std::to_string(format_version) + ")");
+                }
+                version = static_cast<std::uint32_t>(*v);
             }
         }
-        fail("line 1: expected '" + header + "', found " + checkpoint_quote(first) +
-             " (not a unison checkpoint metadata file)");
+        if (version == 0) {
+            fail("line 1: expected '" + std::string(prefix) + " " + std::to_string(format_version) +
+                 "', found " + checkpoint_quote(first) +
+                 " (not a unison checkpoint metadata file)");
+        }
     }
+    const std::string header =
+        std::string(detail::checkpoint_magic) + " " + std::to_string(version);
 
     // The last line holds the checksum of everything before it.
     if (text.back() != '\n') {
@@ -189,7 +196,7 @@ inline metadata parse(std::string_view text, const std::string& file) {
              ": expected 'checksum <16 hex digits>' as the last line, found " +
              checkpoint_quote(last) + " (truncated?)");
     }
-    if (const std::uint64_t computed = checkpoint::fnv1a64(body.data(), body.size());
+    if (const std::uint64_t computed = checkpoint::checksum(version, body.data(), body.size());
         computed != *stored) {
         fail("checksum mismatch: metadata was modified or truncated (its bytes hash to " +
              detail::checkpoint_hex(computed) + ", its last line says " +
@@ -268,7 +275,7 @@ inline metadata parse(std::string_view text, const std::string& file) {
     };
 
     metadata m;
-    m.version = format_version;
+    m.version = version;
     reader.next(header); // checked above
     m.world_size = u32(value("world_size <ranks>"), "world_size");
     m.layout = value("layout <word>");

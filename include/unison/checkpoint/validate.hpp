@@ -48,9 +48,9 @@ inline void validate(const metadata& m, const std::string& file) {
     };
     const auto str = [](std::uint64_t v) { return std::to_string(v); };
 
-    if (m.version != format_version) {
-        fail("unsupported version " + str(m.version) + " (this build reads version " +
-             str(format_version) + ")");
+    if (m.version < oldest_format_version || m.version > format_version) {
+        fail("unsupported version " + str(m.version) + " (this build reads versions " +
+             str(oldest_format_version) + " to " + str(format_version) + ")");
     }
     if (m.world_size == 0) {
         fail("world_size is 0 (at least one rank writes a checkpoint)");

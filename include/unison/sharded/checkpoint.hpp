@@ -150,7 +150,7 @@ private:
     const std::vector<std::byte>& data(std::size_t f) {
         if (!files_[f]) {
             const file_entry& fe = meta_.files[f];
-            files_[f] = read_verified(dir_ / fe.name, fe.bytes, fe.checksum);
+            files_[f] = read_verified(dir_ / fe.name, fe.bytes, fe.checksum, meta_.version);
         }
         return *files_[f];
     }
@@ -261,7 +261,7 @@ void save_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
         checkpoint::write_file_durably(dir / checkpoint::data_file_name(sp.shard_rank(), writers),
                                        data);
         bytes = data.size();
-        checksum = checkpoint::fnv1a64(data);
+        checksum = checkpoint::checksum(checkpoint::format_version, data.data(), data.size());
     });
 
     std::vector<std::int64_t> mine{static_cast<std::int64_t>(bytes),
