@@ -311,9 +311,7 @@ std::vector<char*> benchmark_arguments(int argc, char** argv, bool keep_output) 
 }
 
 void add_context(std::string_view backend, int ranks) {
-    benchmark::AddCustomContext("unison_version", std::to_string(UNISON_VERSION_MAJOR) + "." +
-                                                      std::to_string(UNISON_VERSION_MINOR) + "." +
-                                                      std::to_string(UNISON_VERSION_PATCH));
+    benchmark::AddCustomContext("unison_version", unison::version_string);
     benchmark::AddCustomContext("unison_backend", std::string(backend));
     if (ranks > 0) {
         benchmark::AddCustomContext("unison_ranks", std::to_string(ranks));

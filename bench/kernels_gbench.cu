@@ -772,9 +772,7 @@ void add_context() {
     int driver = 0;
     cudaRuntimeGetVersion(&runtime);
     cudaDriverGetVersion(&driver);
-    benchmark::AddCustomContext("unison_version", std::to_string(UNISON_VERSION_MAJOR) + "." +
-                                                      std::to_string(UNISON_VERSION_MINOR) + "." +
-                                                      std::to_string(UNISON_VERSION_PATCH));
+    benchmark::AddCustomContext("unison_version", unison::version_string);
     benchmark::AddCustomContext("gpu", "cuda:" + std::to_string(ws->device) + " " + ws->gpu_name);
     benchmark::AddCustomContext("cuda_runtime_driver",
                                 std::to_string(runtime) + " / " + std::to_string(driver));

@@ -1,6 +1,6 @@
 # Builds and runs consumer/ against unison obtained in one way.
 #
-#   cmake -DMODE=find_package|add_subdirectory|fetchcontent
+#   cmake -DMODE=find_package|pkg_config|add_subdirectory|fetchcontent
 #         -DSOURCE_DIR=<unison source tree> -DWORK_DIR=<scratch directory>
 #         [-DGENERATOR=<generator>] [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>]
 #         [-DENABLE_MPI=ON|OFF] [-DENABLE_CUDA=ON|OFF] [-DENABLE_NCCL=ON|OFF]
@@ -8,6 +8,8 @@
 #
 # find_package: configure, build and install unison (its tests, benchmarks and
 # examples off) into WORK_DIR/prefix, then build the consumer against that prefix.
+# pkg_config: the same install, then compile consumer/main.cpp by hand with the
+# flags `pkg-config --cflags --libs unison` gives, and run it.
 # add_subdirectory, fetchcontent: build the consumer straight from SOURCE_DIR.
 # Then run the consumer through its ctest. ENABLE_MPI=ON also links unison::mpi.
 # WORK_DIR is emptied first: a stale cache would hide a broken configure.
@@ -18,7 +20,7 @@ foreach(required IN ITEMS MODE SOURCE_DIR WORK_DIR)
         message(FATAL_ERROR "run_packaging_test.cmake: -D${required}=... is required")
     endif()
 endforeach()
-if(NOT MODE MATCHES "^(find_package|add_subdirectory|fetchcontent)$")
+if(NOT MODE MATCHES "^(find_package|pkg_config|add_subdirectory|fetchcontent)$")
     message(FATAL_ERROR "run_packaging_test.cmake: unknown MODE '${MODE}'")
 endif()
 
@@ -73,7 +75,7 @@ set(consumer_args
     "-DUNISON_CONSUMER_MODE=${MODE}"
     "-DUNISON_CONSUMER_WITH_MPI=${with_mpi}")
 
-if(MODE STREQUAL "find_package")
+if(MODE MATCHES "^(find_package|pkg_config)$")
     set(unison_build "${WORK_DIR}/unison-build")
     run_step("configure unison"
         "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${unison_build}" ${configure_args}
@@ -82,6 +84,30 @@ if(MODE STREQUAL "find_package")
     run_step("build unison" "${CMAKE_COMMAND}" --build "${unison_build}" --config ${config})
     run_step("install unison" "${CMAKE_COMMAND}" --install "${unison_build}" --config ${config})
     list(APPEND consumer_args "-DCMAKE_PREFIX_PATH=${prefix}")
+    if(MODE STREQUAL "pkg_config")
+        find_program(pkg_config_program pkg-config REQUIRED)
+        set(ENV{PKG_CONFIG_PATH} "${prefix}/share/pkgconfig")
+        execute_process(COMMAND "${pkg_config_program}" --modversion unison
+            OUTPUT_VARIABLE version OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE result)
+        if(NOT result EQUAL 0 OR NOT version MATCHES "^[0-9]+\\.[0-9]+\\.[0-9]+$")
+            message(FATAL_ERROR "[${MODE}] pkg-config --modversion unison: '${version}'")
+        endif()
+        execute_process(COMMAND "${pkg_config_program}" --cflags --libs unison
+            OUTPUT_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE result)
+        if(NOT result EQUAL 0)
+            message(FATAL_ERROR "[${MODE}] pkg-config --cflags --libs unison failed")
+        endif()
+        separate_arguments(flags UNIX_COMMAND "${flags}")
+        set(compiler "${CXX_COMPILER}")
+        if(NOT compiler)
+            set(compiler c++)
+        endif()
+        run_step("compile consumer with pkg-config's flags (${version})" "${compiler}"
+            "${CMAKE_CURRENT_LIST_DIR}/consumer/main.cpp" -o "${WORK_DIR}/consumer" ${flags})
+        run_step("run consumer" "${WORK_DIR}/consumer")
+        message(STATUS "[${MODE}] ok")
+        return()
+    endif()
 else()
     list(APPEND consumer_args "-DUNISON_SOURCE_DIR=${SOURCE_DIR}" ${backend_args})
 endif()

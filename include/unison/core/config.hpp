@@ -3,11 +3,9 @@
 /// \file
 /// Version and feature macros. Code that needs CUDA, NCCL or MPI is guarded by the
 /// function-style macros below, so a CPU-only build never sees it:
-/// `#if UNISON_HAS_CUDA()`.
+/// `#if UNISON_HAS_CUDA()`. The version macros come from unison/version.hpp.
 
-#define UNISON_VERSION_MAJOR 0
-#define UNISON_VERSION_MINOR 1
-#define UNISON_VERSION_PATCH 0
+#include "unison/version.hpp"
 
 /// True inside a translation unit compiled by a CUDA compiler (nvcc, clang CUDA):
 /// kernels can be defined and launched. Only kernels/, thread/device.cuh and
