@@ -27,11 +27,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -131,6 +133,21 @@ int usage() {
     return 2;
 }
 
+/// `text` as a whole number in [1, high] (all of it), or 0 after saying what is
+/// wrong, naming `option`.
+int positive(std::string_view option, std::string_view text, int high) {
+    int v = 0;
+    const char* last = text.data() + text.size();
+    const auto [end, ec] = std::from_chars(text.data(), last, v);
+    if (ec != std::errc() || end != last || v < 1 || v > high) {
+        std::fprintf(stderr, "unison-zero-bench: %.*s: '%.*s' is not a whole number in [1, %d]\n",
+                     static_cast<int>(option.size()), option.data(), static_cast<int>(text.size()),
+                     text.data(), high);
+        return 0;
+    }
+    return v;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -147,17 +164,17 @@ int main(int argc, char** argv) {
             std::size_t at = 0;
             while (at <= value.size()) {
                 const std::size_t comma = std::min(value.find(',', at), value.size());
-                const int r = std::atoi(value.substr(at, comma - at).c_str());
+                const int r = positive(arg, std::string_view(value).substr(at, comma - at), 1024);
                 if (r < 1) {
-                    return usage();
+                    return 2;
                 }
                 ranks_list.push_back(r);
                 at = comma + 1;
             }
         } else if (arg == "-n") {
-            iterations = std::atoi(value.c_str());
+            iterations = positive(arg, value, 1 << 20);
             if (iterations < 1) {
-                return usage();
+                return 2;
             }
         } else {
             return usage();

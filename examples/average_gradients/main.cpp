@@ -12,11 +12,14 @@
 #include <unison/unison.hpp>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -77,13 +80,43 @@ int train_step(C& comm) {
     return wrong == 0 ? 0 : 1;
 }
 
+int usage() {
+    std::fprintf(stderr, "usage: average_gradients [-t threads]\n");
+    return 2;
+}
+
+/// Reads `text`, the value of `flag`, as a T in [low, high] (the whole of it: "12x",
+/// "abc" and "" are refused). Otherwise says what is wrong, naming the flag and
+/// the value, and returns false.
+template <class T>
+bool parse_value(const char* program, std::string_view flag, std::string_view text, T& out, T low,
+                 T high) {
+    T value{};
+    const char* last = text.data() + text.size();
+    const auto [end, ec] = std::from_chars(text.data(), last, value);
+    if (ec == std::errc() && end == last && value >= low && value <= high) {
+        out = value;
+        return true;
+    }
+    std::ostringstream range;
+    range << "[" << low << ", " << high << "]";
+    std::fprintf(stderr, "%s: %.*s '%.*s' is not a number in %s\n", program,
+                 static_cast<int>(flag.size()), flag.data(), static_cast<int>(text.size()),
+                 text.data(), range.str().c_str());
+    return false;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
     int threads = 2;
     for (int i = 1; i < argc; ++i) {
-        if (std::string(argv[i]) == "-t" && i + 1 < argc) {
-            threads = std::atoi(argv[++i]);
+        const std::string_view arg = argv[i];
+        if (arg != "-t" || i + 1 >= argc) {
+            return usage();
+        }
+        if (!parse_value("average_gradients", arg, std::string_view(argv[++i]), threads, 1, 1024)) {
+            return 2;
         }
     }
     const unison::launch_info launch = unison::detect_launch();

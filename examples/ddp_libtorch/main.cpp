@@ -23,12 +23,15 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -248,6 +251,27 @@ int usage() {
     return 2;
 }
 
+/// Reads `text`, the value of `flag`, as a T in [low, high] (the whole of it: "12x",
+/// "abc" and "" are refused). Otherwise says what is wrong, naming the flag and
+/// the value, and returns false.
+template <class T>
+bool parse_value(const char* program, std::string_view flag, std::string_view text, T& out, T low,
+                 T high) {
+    T value{};
+    const char* last = text.data() + text.size();
+    const auto [end, ec] = std::from_chars(text.data(), last, value);
+    if (ec == std::errc() && end == last && value >= low && value <= high) {
+        out = value;
+        return true;
+    }
+    std::ostringstream range;
+    range << "[" << low << ", " << high << "]";
+    std::fprintf(stderr, "%s: %.*s '%.*s' is not a number in %s\n", program,
+                 static_cast<int>(flag.size()), flag.data(), static_cast<int>(text.size()),
+                 text.data(), range.str().c_str());
+    return false;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -265,25 +289,29 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) {
             return usage();
         }
-        const char* value = argv[++i];
+        const std::string_view flag = arg;
+        const std::string_view value = argv[++i];
+        constexpr int most = 1 << 30;
+        bool ok = false;
         if (arg == "--steps") {
-            s.steps = std::atoi(value);
+            ok = parse_value("ddp_libtorch", flag, value, s.steps, 1, most);
         } else if (arg == "--batch") {
-            s.batch = std::atoll(value);
+            ok = parse_value("ddp_libtorch", flag, value, s.batch, std::int64_t{1},
+                             std::int64_t{1} << 30);
         } else if (arg == "--lr") {
-            s.lr = std::strtod(value, nullptr);
+            ok = parse_value("ddp_libtorch", flag, value, s.lr, 1e-12, 10.0);
         } else if (arg == "--threads") {
-            s.threads = std::atoi(value);
+            ok = parse_value("ddp_libtorch", flag, value, s.threads, 1, 1024);
         } else if (arg == "--log-every") {
-            s.log_every = std::max(1, std::atoi(value));
+            ok = parse_value("ddp_libtorch", flag, value, s.log_every, 1, most);
         } else if (arg == "--tolerance") {
-            s.tolerance = std::strtod(value, nullptr);
+            ok = parse_value("ddp_libtorch", flag, value, s.tolerance, 1e-15, 1.0);
         } else {
             return usage();
         }
-    }
-    if (s.steps < 1 || s.batch < 1 || s.threads < 1 || s.lr < 0.0 || s.tolerance < 0.0) {
-        return usage();
+        if (!ok) {
+            return 2;
+        }
     }
     if (s.lr == 0.0) {
         s.lr = s.adam ? 1e-3 : 0.05;

@@ -17,11 +17,14 @@
 #include <unison/unison.hpp>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <span>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -120,32 +123,55 @@ int usage() {
     return 2;
 }
 
+/// Reads `text`, the value of `flag`, as a T in [low, high] (the whole of it: "12x",
+/// "abc" and "" are refused). Otherwise says what is wrong, naming the flag and
+/// the value, and returns false.
+template <class T>
+bool parse_value(const char* program, std::string_view flag, std::string_view text, T& out, T low,
+                 T high) {
+    T value{};
+    const char* last = text.data() + text.size();
+    const auto [end, ec] = std::from_chars(text.data(), last, value);
+    if (ec == std::errc() && end == last && value >= low && value <= high) {
+        out = value;
+        return true;
+    }
+    std::ostringstream range;
+    range << "[" << low << ", " << high << "]";
+    std::fprintf(stderr, "%s: %.*s '%.*s' is not a number in %s\n", program,
+                 static_cast<int>(flag.size()), flag.data(), static_cast<int>(text.size()),
+                 text.data(), range.str().c_str());
+    return false;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
     settings s;
+    constexpr int most = 1 << 30;
     for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
+        const std::string_view arg = argv[i];
         if (i + 1 >= argc) {
             return usage();
         }
-        const char* value = argv[++i];
+        const std::string_view value = argv[++i];
+        bool ok = false;
         if (arg == "-t") {
-            s.threads = std::atoi(value);
+            ok = parse_value("ddp_mlp", arg, value, s.threads, 1, 1024);
         } else if (arg == "--steps") {
-            s.steps = std::atoi(value);
+            ok = parse_value("ddp_mlp", arg, value, s.steps, 1, most);
         } else if (arg == "--batch") {
-            s.batch = static_cast<std::size_t>(std::atoll(value));
+            ok = parse_value("ddp_mlp", arg, value, s.batch, std::size_t{1}, std::size_t{1} << 30);
         } else if (arg == "--lr") {
-            s.lr = std::strtof(value, nullptr);
+            ok = parse_value("ddp_mlp", arg, value, s.lr, 1e-12f, 10.0f);
         } else if (arg == "--log-every") {
-            s.log_every = std::max(1, std::atoi(value));
+            ok = parse_value("ddp_mlp", arg, value, s.log_every, 1, most);
         } else {
             return usage();
         }
-    }
-    if (s.threads < 1 || s.steps < 1 || s.batch < 1) {
-        return usage();
+        if (!ok) {
+            return 2;
+        }
     }
     const unison::launch_info launch = unison::detect_launch();
 #if UNISON_HAS_MPI()

@@ -508,8 +508,15 @@ bool parse_settings(int argc, char** argv, settings& s) {
             const std::string copy(value);
             s.lr = std::strtod(copy.c_str(), &end);
             ok = end == copy.c_str() + copy.size() && std::isfinite(s.lr) && s.lr > 0.0;
+        } else {
+            std::fprintf(stderr, "fsdp_transformer: unknown option %.*s\n",
+                         static_cast<int>(flag.size()), flag.data());
+            return false;
         }
         if (!ok) {
+            std::fprintf(stderr, "fsdp_transformer: %.*s '%.*s' is not a valid value\n",
+                         static_cast<int>(flag.size()), flag.data(), static_cast<int>(value.size()),
+                         value.data());
             return false;
         }
     }
