@@ -1,6 +1,6 @@
 # Builds and runs consumer/ against unison obtained in one way.
 #
-#   cmake -DMODE=find_package|pkg_config|add_subdirectory|fetchcontent
+#   cmake -DMODE=find_package|pkg_config|examples_alone|add_subdirectory|fetchcontent
 #         -DSOURCE_DIR=<unison source tree> -DWORK_DIR=<scratch directory>
 #         [-DGENERATOR=<generator>] [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>]
 #         [-DENABLE_MPI=ON|OFF] [-DENABLE_CUDA=ON|OFF] [-DENABLE_NCCL=ON|OFF]
@@ -10,6 +10,9 @@
 # examples off) into WORK_DIR/prefix, then build the consumer against that prefix.
 # pkg_config: the same install, then compile consumer/main.cpp by hand with the
 # flags `pkg-config --cflags --libs unison` gives, and run it.
+# examples_alone: the same install, then each of examples/average_gradients,
+# ddp_mlp and zero_adamw copied on its own into WORK_DIR (as a user copies one),
+# configured against the prefix, built and trained on two threads.
 # add_subdirectory, fetchcontent: build the consumer straight from SOURCE_DIR.
 # Then run the consumer through its ctest. ENABLE_MPI=ON also links unison::mpi.
 # WORK_DIR is emptied first: a stale cache would hide a broken configure.
@@ -20,7 +23,7 @@ foreach(required IN ITEMS MODE SOURCE_DIR WORK_DIR)
         message(FATAL_ERROR "run_packaging_test.cmake: -D${required}=... is required")
     endif()
 endforeach()
-if(NOT MODE MATCHES "^(find_package|pkg_config|add_subdirectory|fetchcontent)$")
+if(NOT MODE MATCHES "^(find_package|pkg_config|examples_alone|add_subdirectory|fetchcontent)$")
     message(FATAL_ERROR "run_packaging_test.cmake: unknown MODE '${MODE}'")
 endif()
 
@@ -75,7 +78,7 @@ set(consumer_args
     "-DUNISON_CONSUMER_MODE=${MODE}"
     "-DUNISON_CONSUMER_WITH_MPI=${with_mpi}")
 
-if(MODE MATCHES "^(find_package|pkg_config)$")
+if(MODE MATCHES "^(find_package|pkg_config|examples_alone)$")
     set(unison_build "${WORK_DIR}/unison-build")
     run_step("configure unison"
         "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${unison_build}" ${configure_args}
@@ -84,6 +87,23 @@ if(MODE MATCHES "^(find_package|pkg_config)$")
     run_step("build unison" "${CMAKE_COMMAND}" --build "${unison_build}" --config ${config})
     run_step("install unison" "${CMAKE_COMMAND}" --install "${unison_build}" --config ${config})
     list(APPEND consumer_args "-DCMAKE_PREFIX_PATH=${prefix}")
+    if(MODE STREQUAL "examples_alone")
+        foreach(example IN ITEMS average_gradients ddp_mlp zero_adamw)
+            set(copy "${WORK_DIR}/${example}")
+            file(COPY "${SOURCE_DIR}/examples/${example}" DESTINATION "${WORK_DIR}")
+            run_step("configure ${example} alone" "${CMAKE_COMMAND}" -S "${copy}"
+                -B "${copy}/build" ${configure_args} "-DCMAKE_PREFIX_PATH=${prefix}")
+            run_step("build ${example} alone" "${CMAKE_COMMAND}" --build "${copy}/build"
+                --config ${config})
+            set(args -t 2)
+            if(NOT example STREQUAL "average_gradients")
+                list(APPEND args --steps 60 --log-every 60) # long enough to learn
+            endif()
+            run_step("run ${example} alone" "${copy}/build/${example}" ${args})
+        endforeach()
+        message(STATUS "[${MODE}] ok")
+        return()
+    endif()
     if(MODE STREQUAL "pkg_config")
         find_program(pkg_config_program pkg-config REQUIRED)
         set(ENV{PKG_CONFIG_PATH} "${prefix}/share/pkgconfig")
