@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -122,7 +123,13 @@ int main(int argc, char** argv) {
     const unison::launch_info launch = unison::detect_launch();
 #if UNISON_HAS_MPI()
     if (launch.launcher != "none") { // started by mpirun, srun or torchrun
-        unison::mpi_environment env(argc, argv);
+        std::optional<unison::mpi_environment> env;
+        try {
+            env.emplace(argc, argv); // checks that the launcher and MPI agree on the job
+        } catch (const unison::error& e) {
+            std::fprintf(stderr, "average_gradients: %s\n", e.what());
+            return 2;
+        }
         unison::mpi_communicator comm(MPI_COMM_WORLD);
         return train_step(comm);
     }

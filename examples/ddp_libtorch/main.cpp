@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -319,7 +320,13 @@ int main(int argc, char** argv) {
     if (s.tolerance == 0.0) {
         s.tolerance = s.adam ? 1e-4 : 2e-6;
     }
-    unison::mpi_environment env(argc, argv);
+    std::optional<unison::mpi_environment> env;
+    try {
+        env.emplace(argc, argv); // checks that the launcher and MPI agree on the job
+    } catch (const unison::error& e) {
+        std::fprintf(stderr, "ddp_libtorch: %s\n", e.what());
+        return 2;
+    }
     unison::mpi_communicator comm(MPI_COMM_WORLD);
     return train(comm, s);
 }

@@ -34,6 +34,7 @@
 #include <exception>
 #include <limits>
 #include <numbers>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -535,7 +536,13 @@ int main(int argc, char** argv) {
     if (!parse_settings(argc, argv, s)) {
         return usage();
     }
-    unison::mpi_environment env(argc, argv);
+    std::optional<unison::mpi_environment> env;
+    try {
+        env.emplace(argc, argv); // checks that the launcher and MPI agree on the job
+    } catch (const unison::error& e) {
+        std::fprintf(stderr, "fsdp_transformer: %s\n", e.what());
+        return 2;
+    }
     try {
         unison::mpi_communicator comm(MPI_COMM_WORLD);
         return train(comm, s);

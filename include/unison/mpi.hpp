@@ -5,4 +5,5 @@
 
 #include "unison/comm.hpp"
 #include "unison/mpi/environment.hpp"
+#include "unison/mpi/launch.hpp"
 #include "unison/mpi/mpi_communicator.hpp"

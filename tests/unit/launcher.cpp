@@ -271,3 +271,81 @@ TEST_CASE("launcher: local_device picks the GPU by local rank") {
     info.local_rank = 0;
     CHECK_THROWS_AS((void)unison::local_device(info, 0), unison::argument_error);
 }
+
+TEST_CASE("launcher: MVAPICH2 and the PMI launchers of MPICH, Intel MPI and Cray PALS") {
+    SUBCASE("MVAPICH2") {
+        const unison::launch_info info =
+            unison::detect_launch(fake_env{{"MV2_COMM_WORLD_RANK", "3"},
+                                           {"MV2_COMM_WORLD_SIZE", "8"},
+                                           {"MV2_COMM_WORLD_LOCAL_RANK", "1"},
+                                           {"MV2_COMM_WORLD_LOCAL_SIZE", "2"}});
+        CHECK(info.launcher == "mvapich");
+        CHECK(info.rank == 3);
+        CHECK(info.size == 8);
+        CHECK(info.local_rank == 1);
+        CHECK(info.local_size == 2);
+        CHECK(info.local_from_launcher);
+    }
+    SUBCASE("MPICH's Hydra and Intel MPI: PMI_RANK with MPI_LOCALRANKID") {
+        const unison::launch_info info = unison::detect_launch(fake_env{{"PMI_RANK", "5"},
+                                                                        {"PMI_SIZE", "6"},
+                                                                        {"MPI_LOCALRANKID", "2"},
+                                                                        {"MPI_LOCALNRANKS", "3"}});
+        CHECK(info.launcher == "pmi");
+        CHECK(info.rank == 5);
+        CHECK(info.size == 6);
+        CHECK(info.local_rank == 2);
+        CHECK(info.local_size == 3);
+        CHECK(info.local_from_launcher);
+    }
+    SUBCASE("Cray PALS: PMI_RANK with PALS_LOCAL_RANKID") {
+        const unison::launch_info info = unison::detect_launch(
+            fake_env{{"PMI_RANK", "9"}, {"PMI_SIZE", "16"}, {"PALS_LOCAL_RANKID", "1"}});
+        CHECK(info.launcher == "pmi");
+        CHECK(info.local_rank == 1);
+        CHECK(info.local_from_launcher);
+    }
+    SUBCASE("PMI_RANK alone: the local rank is unknown (mpi_launch asks MPI)") {
+        const unison::launch_info info =
+            unison::detect_launch(fake_env{{"PMI_RANK", "4"}, {"PMI_SIZE", "6"}});
+        CHECK(info.launcher == "pmi");
+        CHECK(info.rank == 4);
+        CHECK(info.local_rank == 0);
+        CHECK(info.local_size == 1);
+        CHECK_FALSE(info.local_from_launcher);
+    }
+    SUBCASE("Slurm's own variables win over PMI's under srun") {
+        const auto env = merged(slurm(3, 1, 1), fake_env{{"PMI_RANK", "3"}, {"PMI_SIZE", "7"}});
+        CHECK(unison::detect_launch(env).launcher == "slurm");
+    }
+    SUBCASE("malformed") {
+        CHECK(contains(launch_error(fake_env{{"PMI_RANK", "x"}, {"PMI_SIZE", "2"}}),
+                       "PMI_RANK='x' is not a non-negative integer"));
+        CHECK(contains(launch_error(fake_env{{"PMI_RANK", "1"}}), "pmi is set up but PMI_SIZE"));
+        CHECK(contains(launch_error(fake_env{{"PMI_RANK", "2"}, {"PMI_SIZE", "2"}}),
+                       "PMI_RANK=2 is out of range for PMI_SIZE=2"));
+    }
+}
+
+TEST_CASE("launcher: a launcher whose job MPI does not share is an error naming it") {
+    using unison::detail::check_launch_matches;
+    // torchrun started 2 processes, each of which called MPI_Init alone
+    const unison::launch_info two =
+        unison::detect_launch(fake_env{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}});
+    try {
+        check_launch_matches(two, 0, 1, "mpi_environment");
+        FAIL("no error");
+    } catch (const unison::argument_error& e) {
+        const std::string what = e.what();
+        CHECK(contains(what, "torchrun started this process as rank 1 of 2, but MPI_COMM_WORLD "
+                             "has 1 process"));
+        CHECK(contains(what, "mpirun -n 2"));
+        CHECK(e.operation() == "mpi_environment");
+    }
+    // another launcher's variables left in the environment of an mpirun job
+    CHECK_THROWS_WITH_AS(check_launch_matches(two, 3, 4, "mpi_environment"),
+                         doctest::Contains("another launcher's variables"), unison::argument_error);
+    // agreeing launchers, and no launcher at all, pass
+    CHECK_NOTHROW(check_launch_matches(two, 1, 2, "mpi_environment"));
+    CHECK_NOTHROW(check_launch_matches(unison::launch_info{}, 2, 4, "mpi_environment"));
+}

@@ -3,10 +3,17 @@
 /// \file
 /// Where this process sits in a job, read from the launcher's environment:
 /// torchrun (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE), Open MPI
-/// (OMPI_COMM_WORLD_RANK, ..._LOCAL_RANK, ..._SIZE, ..._LOCAL_SIZE) and Slurm
-/// (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID, SLURM_TASKS_PER_NODE).
-/// torchrun is checked first and Slurm last, because torchrun and mpirun are often
-/// started inside a Slurm allocation and then their own variables are the truth.
+/// (OMPI_COMM_WORLD_RANK, ..._LOCAL_RANK, ..._SIZE, ..._LOCAL_SIZE), Slurm
+/// (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID, SLURM_TASKS_PER_NODE),
+/// MVAPICH2 (MV2_COMM_WORLD_RANK, ..._SIZE, ..._LOCAL_RANK, ..._LOCAL_SIZE) and the
+/// PMI launchers of MPICH, Intel MPI and Cray PALS (PMI_RANK, PMI_SIZE; the local
+/// rank from MPI_LOCALRANKID and MPI_LOCALNRANKS, or PALS_LOCAL_RANKID, when set).
+/// torchrun is checked first, then the MPI launchers, then Slurm, because torchrun
+/// and mpirun are often started inside a Slurm allocation and then their own
+/// variables are the truth; the generic PMI variables come last.
+///
+/// Where no variable gives the local rank, `local_from_launcher` is false; under MPI,
+/// `unison::mpi_launch()` (mpi/launch.hpp) then derives it from the MPI library.
 
 #include "unison/core/error.hpp"
 
@@ -19,11 +26,16 @@ namespace unison {
 
 /// This process's place in the job.
 struct launch_info {
-    int rank = 0;                       ///< global rank
-    int size = 1;                       ///< number of ranks in the job
-    int local_rank = 0;                 ///< rank on this node: picks the GPU
-    int local_size = 1;                 ///< ranks on this node
-    std::string_view launcher = "none"; ///< "torchrun", "openmpi", "slurm" or "none"
+    int rank = 0;       ///< global rank
+    int size = 1;       ///< number of ranks in the job
+    int local_rank = 0; ///< rank on this node: picks the GPU
+    int local_size = 1; ///< ranks on this node
+    /// "torchrun", "openmpi", "slurm", "mvapich", "pmi" (MPICH, Intel MPI, Cray
+    /// PALS), "mpi" (from the MPI library itself, mpi_launch) or "none"
+    std::string_view launcher = "none";
+    /// Whether local_rank and local_size came from the launcher (else they are 0 and
+    /// 1, unknown).
+    bool local_from_launcher = true;
 };
 
 namespace detail {
@@ -148,6 +160,37 @@ launch_info detect_launch(Getenv&& get) {
             }
             info.local_size = *n;
         }
+    } else if (get("MV2_COMM_WORLD_RANK") != nullptr) {
+        info.launcher = "mvapich";
+        rank_var = "MV2_COMM_WORLD_RANK";
+        size_var = "MV2_COMM_WORLD_SIZE";
+        local_rank_var = "MV2_COMM_WORLD_LOCAL_RANK";
+        local_size_var = "MV2_COMM_WORLD_LOCAL_SIZE";
+        info.rank = require(rank_var, info.launcher);
+        info.size = require(size_var, info.launcher);
+        info.local_rank = require(local_rank_var, info.launcher);
+        info.local_size = read(local_size_var).value_or(info.size);
+    } else if (get("PMI_RANK") != nullptr) {
+        info.launcher = "pmi";
+        rank_var = "PMI_RANK";
+        size_var = "PMI_SIZE";
+        info.rank = require(rank_var, info.launcher);
+        info.size = require(size_var, info.launcher);
+        if (get("MPI_LOCALRANKID") != nullptr) { // MPICH's Hydra, Intel MPI
+            local_rank_var = "MPI_LOCALRANKID";
+            local_size_var = "MPI_LOCALNRANKS";
+            info.local_rank = require(local_rank_var, info.launcher);
+            info.local_size = read(local_size_var).value_or(info.size);
+        } else if (get("PALS_LOCAL_RANKID") != nullptr) { // Cray PALS
+            local_rank_var = "PALS_LOCAL_RANKID";
+            local_size_var = "PMI_SIZE";
+            info.local_rank = require(local_rank_var, info.launcher);
+            info.local_size = info.size;
+        } else {
+            local_rank_var = "the local rank";
+            local_size_var = "the local size";
+            info.local_from_launcher = false;
+        }
     } else {
         return info;
     }
@@ -167,6 +210,34 @@ launch_info detect_launch(Getenv&& get) {
     }
     return info;
 }
+
+namespace detail {
+
+/// Throws argument_error (naming `operation`) when the launcher (`info`) and MPI
+/// (`mpi_rank` of `mpi_size` in MPI_COMM_WORLD) disagree about the job: under
+/// torchrun without an MPI launcher every process is a one-process MPI world.
+inline void check_launch_matches(const launch_info& info, int mpi_rank, int mpi_size,
+                                 const char* operation) {
+    if (info.launcher == "none" || (info.size == mpi_size && info.rank == mpi_rank)) {
+        return;
+    }
+    const std::string launcher(info.launcher);
+    std::string detail = launcher + " started this process as rank " + std::to_string(info.rank) +
+                         " of " + std::to_string(info.size) + ", but MPI_COMM_WORLD has " +
+                         std::to_string(mpi_size) + (mpi_size == 1 ? " process" : " processes") +
+                         " (this is rank " + std::to_string(mpi_rank) + ")";
+    if (mpi_size == 1 && info.size > 1) {
+        detail += ": each process started its own one-process MPI world, so each would "
+                  "train alone. Start the job with an MPI launcher (mpirun -n " +
+                  std::to_string(info.size) + " ...), or without MPI";
+    } else {
+        detail += ": the environment holds another launcher's variables (" + launcher +
+                  "'s, left from an outer job?); unset them or start the job with one launcher";
+    }
+    throw argument_error(mpi_rank, operation, detail);
+}
+
+} // namespace detail
 
 /// Reads the launch environment of this process.
 inline launch_info detect_launch() {

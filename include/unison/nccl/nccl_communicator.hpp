@@ -19,6 +19,7 @@
 
 #if UNISON_HAS_MPI()
 #include "unison/mpi/detail/mpi_check.hpp"
+#include "unison/mpi/launch.hpp"
 #endif
 
 #include <memory>
@@ -190,7 +191,9 @@ public:
 
 #if UNISON_HAS_MPI()
     /// Bootstraps NCCL over MPI: rank 0 creates the unique id and broadcasts it. The
-    /// device is the launcher's local rank (never the global rank), see local_device.
+    /// device is the launcher's local rank (never the global rank), see local_device;
+    /// where no launcher variable gives it, the rank among the ranks of `mpi` that
+    /// share this node (mpi_launch).
     static nccl_communicator from_mpi(MPI_Comm mpi,
                                       comm_options options = comm_options::from_env()) {
         int rank = 0, size = 1;
@@ -199,9 +202,8 @@ public:
         int devices = 0;
         UNISON_CHECK_CUDA(cudaGetDeviceCount(&devices), rank, "nccl_communicator::from_mpi");
         launch_info info = detect_launch();
-        if (info.launcher == "none") { // a single process started by hand
-            info.rank = rank;
-            info.size = size;
+        if (info.launcher == "none" || !info.local_from_launcher) {
+            info = mpi_launch(mpi); // collective over `mpi`, as this function is
         }
         const int device = local_device(info, devices);
         UNISON_CHECK_CUDA(cudaSetDevice(device), rank, "nccl_communicator::from_mpi");
