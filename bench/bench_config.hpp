@@ -9,8 +9,11 @@
 #include <unison/core/dtype.hpp>
 #include <unison/core/reduce_op.hpp>
 
+#include <charconv>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -49,13 +52,26 @@ struct bench_config {
     reduce_op op = reduce_op::sum;                            ///< -o
     collective_kind collective = collective_kind::all_reduce; ///< -C
     backend_kind backend = backend_kind::thread;              ///< -B
-    int thread_ranks = 2;                                     ///< -t
+    bool backend_given = false;
+    /// -a: the time reported per size, over the ranks: 0 rank 0's, 1 the mean
+    /// (nccl-tests' default), 2 the least, 3 the most.
+    int average = 1;
+    /// --min-busbw, or 0.9 x NCCL_TESTS_MIN_BW as nccl-tests reads it: the run fails
+    /// (exit status 1) when the main table's average bus bandwidth is below it. < 0:
+    /// no threshold.
+    double min_busbw = -1;
+    int thread_ranks = 2; ///< -t
     bool thread_ranks_given = false;
     int root = 0; ///< -r
     output_format format = output_format::text;
     bool baseline = false;
     bool help = false;
 };
+
+/// Whether `avg_busbw` (GB/s) fails the run's threshold (--min-busbw).
+inline bool below_threshold(const bench_config& cfg, double avg_busbw) {
+    return cfg.min_busbw >= 0 && avg_busbw < cfg.min_busbw;
+}
 
 /// A command line unison-bench cannot run; main prints it and exits with 2.
 class usage_error : public std::runtime_error {
@@ -83,7 +99,13 @@ out of place and in place).
   -d, --datatype <type>      float, half, bfloat16, double, int32, int64, int8, uint8 [float]
   -o, --op <op>              sum, prod, min, max, avg (avg: floating types only) [sum]
   -C, --collective <name>    all_reduce, all_gather, reduce_scatter, broadcast [all_reduce]
-  -B, --backend <name>       thread, mpi (run under mpiexec), nccl [thread]
+  -B, --backend <name>       thread, mpi, nccl [thread; mpi when started by an MPI
+                             launcher with more than one process]
+  -a, --average <0-3>        time over the ranks: 0 rank 0's, 1 the mean, 2 the
+                             least, 3 the most (nccl-tests' -a) [1]
+      --min-busbw <GB/s>     fail (exit status 1) when the average bus bandwidth
+                             is below this; nccl-tests' NCCL_TESTS_MIN_BW is read
+                             too (failing below 0.9 of it, as nccl-tests does)
   -t, --nthreads <n>         ranks of the thread backend [2]
   -r, --root <rank>          root of broadcast [0]
       --format <fmt>         text, json or csv [text]
@@ -95,8 +117,9 @@ out of place and in place).
 Sizes, bandwidths and the #wrong column follow nccl-tests: size is the larger of
 the per-rank send and receive bytes, algbw = size / time, busbw = algbw times
 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for
-broadcast. time is the mean over -n back-to-back calls, the slowest rank's.
-The exit status is 0, 1 when a result was wrong, 2 for a bad command line.
+broadcast. time is the mean over -n back-to-back calls, averaged over the ranks
+as -a says. The exit status is 0, 1 when a result was wrong or the bandwidth below
+the threshold, 2 for a bad command line.
 )";
     return s;
 }
@@ -165,6 +188,16 @@ inline std::optional<long long> parse_integer(std::string_view s) {
     return negative ? -v : v;
 }
 
+/// Parses a plain decimal number ("12", "0.5", "1e3"): all of `s`, finite.
+inline std::optional<double> parse_decimal(std::string_view s) {
+    double v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size() || !std::isfinite(v)) {
+        return std::nullopt;
+    }
+    return v;
+}
+
 inline std::optional<reduce_op> parse_reduce_op(std::string_view s) {
     for (reduce_op op :
          {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg}) {
@@ -190,6 +223,7 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
         {'d', "datatype", true}, {'o', "op", true},           {'C', "collective", true},
         {'B', "backend", true},  {'t', "nthreads", true},     {'r', "root", true},
         {'\0', "format", true},  {'\0', "baseline", false},   {'h', "help", false},
+        {'a', "average", true},  {'\0', "min-busbw", true},
     };
 
     bench_config cfg;
@@ -298,7 +332,11 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
             cfg.collective = *c;
             break;
         }
+        case 'a':
+            cfg.average = static_cast<int>(integer_in(0, 3, "0, 1, 2 or 3"));
+            break;
         case 'B':
+            cfg.backend_given = true;
             if (value == "thread") {
                 cfg.backend = backend_kind::thread;
             } else if (value == "mpi") {
@@ -332,12 +370,26 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
                 }
             } else if (spec->long_name == "baseline") {
                 cfg.baseline = true;
+            } else if (spec->long_name == "min-busbw") {
+                const auto v = detail::parse_decimal(value);
+                if (!v || *v < 0) {
+                    throw bad("a bandwidth in GB/s (a number >= 0)");
+                }
+                cfg.min_busbw = *v;
             }
             break;
         }
     }
     if (cfg.help) {
         return cfg;
+    }
+    if (const char* env = std::getenv("NCCL_TESTS_MIN_BW"); env != nullptr && cfg.min_busbw < 0) {
+        const auto v = detail::parse_decimal(env);
+        if (!v || *v < 0) {
+            throw usage_error(std::string("NCCL_TESTS_MIN_BW='") + env +
+                              "' is not a bandwidth in GB/s");
+        }
+        cfg.min_busbw = 0.9 * *v; // nccl-tests fails below 90% of it
     }
 
     if (cfg.min_bytes == 0) {

@@ -28,7 +28,7 @@ namespace unison::bench {
 
 /// One side (out of place or in place) of one row.
 struct side_result {
-    double seconds = 0;                 ///< mean per call, slowest rank
+    double seconds = 0;                 ///< mean per call, over the ranks as -a says
     double algbw = 0;                   ///< GB/s
     std::optional<double> busbw;        ///< GB/s; none where it means nothing (local-add)
     std::optional<std::uint64_t> wrong; ///< none when not checked
@@ -128,7 +128,11 @@ public:
     void end_main(std::uint64_t wrong, double avg_busbw) override {
         std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(wrong),
                     wrong == 0 ? "OK" : "FAILED");
-        std::printf("# Avg bus bandwidth    : %g \n#\n", avg_busbw);
+        const bench_config& c = *info_.config;
+        std::printf("# Avg bus bandwidth    : %g %s\n#\n", avg_busbw,
+                    c.min_busbw < 0                 ? ""
+                    : below_threshold(c, avg_busbw) ? "FAILED"
+                                                    : "OK");
         std::fflush(stdout);
     }
 
@@ -354,9 +358,15 @@ public:
                         json_quote(n.text).c_str());
             first = false;
         }
-        std::printf("%s],\n  \"summary\": {\"out_of_bounds\": %llu, \"avg_busbw\": %s}\n}\n",
+        const bench_config& c = *info_.config;
+        const std::string threshold =
+            c.min_busbw < 0
+                ? std::string()
+                : ", \"min_busbw\": " + detail::json_number(c.min_busbw) +
+                      ", \"busbw_ok\": " + (below_threshold(c, avg_busbw_) ? "false" : "true");
+        std::printf("%s],\n  \"summary\": {\"out_of_bounds\": %llu, \"avg_busbw\": %s%s}\n}\n",
                     first ? "" : "\n  ", static_cast<unsigned long long>(wrong_),
-                    detail::json_number(avg_busbw_).c_str());
+                    detail::json_number(avg_busbw_).c_str(), threshold.c_str());
         std::fflush(stdout);
     }
 

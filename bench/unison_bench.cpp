@@ -6,8 +6,8 @@
 ///     mpiexec -n 8 unison-bench -B nccl -b 8 -e 8G               # NCCL, a GPU per process
 ///
 /// Timing follows nccl-tests' BenchTime: one untimed call, a barrier, then -n calls
-/// back to back between two clock reads; the reported time is the mean per call of
-/// the slowest rank. Consecutive timed calls move through the buffers (nccl-tests'
+/// back to back between two clock reads; the reported time is the mean per call,
+/// averaged over the ranks (or rank 0's, the least or the most: -a, as nccl-tests). Consecutive timed calls move through the buffers (nccl-tests'
 /// per-iteration offset) so that small sizes are not timed on the same cache lines
 /// over and over. With -c 1 one more call per size runs on fresh data outside the
 /// timed loop and every rank counts its wrong elements against a serial reference.
@@ -67,6 +67,7 @@ concept rank_control = requires(C& c, double d, std::uint64_t u) {
     c.barrier();
     c.finish();
     { c.max(d) } -> std::same_as<double>;
+    { c.sum(d) } -> std::same_as<double>;
     { c.sum(u) } -> std::same_as<std::uint64_t>;
 };
 
@@ -80,6 +81,11 @@ struct unison_control {
     double max(double v) {
         std::array<double, 1> a{v};
         unison::all_reduce(comm, a, reduce_op::max);
+        return a[0];
+    }
+    double sum(double v) {
+        std::array<double, 1> a{v};
+        unison::all_reduce(comm, a, reduce_op::sum);
         return a[0];
     }
     std::uint64_t sum(std::uint64_t v) {
@@ -237,6 +243,21 @@ private:
         ratio(unison_row.in_place, r.in_place);
     }
 
+    /// One rank's time as -a says: rank 0's, the mean (default), the least or the most
+    /// over the ranks (nccl-tests' -a 0..3). Collective.
+    double over_ranks(double seconds) {
+        switch (cfg_.average) {
+        case 0:
+            return ctl_.sum(rank_ == 0 ? seconds : 0.0);
+        case 2:
+            return -ctl_.max(-seconds);
+        case 3:
+            return ctl_.max(seconds);
+        default:
+            return ctl_.sum(seconds) / ranks_;
+        }
+    }
+
     /// nccl-tests' BenchTime for one size and one side.
     template <class Call>
     side_result time_side(Call& call, const collective_shape& s, bool in_place,
@@ -258,7 +279,7 @@ private:
         }
         ctl_.finish();
         const std::chrono::duration<double> elapsed = bench_clock::now() - start;
-        const double seconds = ctl_.max(elapsed.count() / cfg_.iters);
+        const double seconds = over_ranks(elapsed.count() / cfg_.iters);
 
         side_result r;
         r.seconds = seconds;
@@ -360,7 +381,9 @@ constexpr std::string_view local_add_description =
 /// The whole run on one rank: warm-up, main table, baselines. `out` is non-null on
 /// rank 0 only. `raw_table` runs the raw-MPI baseline (or reports why it cannot);
 /// a non-empty `no_local_add` says why the local-add baseline does not apply.
-/// Returns the total of #wrong, known on every rank.
+/// Returns the total of #wrong, plus one when the average bus bandwidth is below
+/// --min-busbw (or NCCL_TESTS_MIN_BW): the run failed when it is not 0. Known on every
+/// rank.
 template <rank_control Control, class Memory, class Call, class RawTable>
 std::uint64_t run_rank(const bench_config& cfg, Control& ctl, Memory& mem, Call& call, int rank,
                        int ranks, reporter* out, RawTable&& raw_table,
@@ -388,7 +411,7 @@ std::uint64_t run_rank(const bench_config& cfg, Control& ctl, Memory& mem, Call&
     if (out != nullptr) {
         out->finish();
     }
-    return total.wrong;
+    return total.wrong + (below_threshold(cfg, total.avg_busbw) ? 1 : 0);
 }
 
 /// For backends other than MPI: the raw-MPI baseline does not apply.
@@ -448,6 +471,10 @@ struct mpi_control {
     void finish() {}
     double max(double v) {
         check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, comm), "MPI_Allreduce");
+        return v;
+    }
+    double sum(double v) {
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm), "MPI_Allreduce");
         return v;
     }
     std::uint64_t sum(std::uint64_t v) {
@@ -709,6 +736,7 @@ struct nccl_control {
         wait_all(std::span<nccl_request>(issued));
     }
     double max(double v) { return host.max(v); }
+    double sum(double v) { return host.sum(v); }
     std::uint64_t sum(std::uint64_t v) { return host.sum(v); }
 };
 
@@ -766,6 +794,18 @@ int main(int argc, char** argv) {
             std::fputs(usage_text("unison-bench").c_str(), stdout);
         }
         return 0;
+    }
+    // Started by an MPI launcher (mpirun, srun, MPICH's mpiexec) with more than one
+    // process and no -B or -t: join the MPI world, as nccl-tests' binaries do,
+    // instead of running one thread benchmark per process.
+    if (!cfg.backend_given && !cfg.thread_ranks_given) {
+        try {
+            const unison::launch_info launch = unison::detect_launch();
+            if (launch.size > 1 && launch.launcher != "none" && launch.launcher != "torchrun") {
+                cfg.backend = backend_kind::mpi;
+            }
+        } catch (const std::exception&) { // malformed variables: the backend reports them
+        }
     }
 
     try {
