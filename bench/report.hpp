@@ -139,7 +139,9 @@ public:
     void begin_baseline(std::string_view name, std::string_view description) override {
         std::printf("#\n# Baseline %.*s: %.*s\n", static_cast<int>(name.size()), name.data(),
                     static_cast<int>(description.size()), description.data());
-        std::printf("# ratio = unison's time / the baseline's time (above 1: unison is slower)\n");
+        std::printf("# ratio = unison's time / the baseline's time (above 1: unison is slower)\n"
+                    "# (its rows start with '#', so that parsers of nccl-tests' logs read the "
+                    "main table alone)\n");
         print_header(true);
         std::fflush(stdout);
     }
@@ -207,9 +209,12 @@ private:
         std::printf("%s\n", line.c_str());
     }
 
+    /// A row; a baseline's is a comment line ('#' in place of the size's first
+    /// column), which nccl-tests' log parsers skip.
     void print_row(const size_result& r, bool baseline) {
-        std::printf("%12zu  %12zu  %8s  %6s  %6d", r.shape.size_bytes(), r.shape.count,
-                    detail::dtype_name(info_).c_str(), info_.op_name.c_str(), info_.root);
+        std::printf(baseline ? "#%11zu  %12zu  %8s  %6s  %6d" : "%12zu  %12zu  %8s  %6s  %6d",
+                    r.shape.size_bytes(), r.shape.count, detail::dtype_name(info_).c_str(),
+                    info_.op_name.c_str(), info_.root);
         for (const side_result* s : {&r.out_of_place, &r.in_place}) {
             const std::string busbw = s->busbw ? detail::format("%6.2f", *s->busbw) : "N/A";
             const std::string wrong = s->wrong ? std::to_string(*s->wrong) : std::string("N/A");
