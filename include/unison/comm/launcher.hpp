@@ -120,36 +120,38 @@ launch_info detect_launch(Getenv&& get) {
     const char* size_var = nullptr;
     const char* local_rank_var = nullptr;
     const char* local_size_var = nullptr;
+    // One launcher's variables: rank and size required; the local rank required
+    // (or 0 when absent, for torchrun), or unknown when the launcher has none; the
+    // local size defaulting to the size.
+    auto take = [&](std::string_view launcher, const char* rank_name, const char* size_name,
+                    const char* local_rank_name, const char* local_size_name,
+                    bool local_rank_required) {
+        info.launcher = launcher;
+        rank_var = rank_name;
+        size_var = size_name;
+        info.rank = require(rank_name, launcher);
+        info.size = require(size_name, launcher);
+        if (local_rank_name == nullptr) {
+            local_rank_var = "the local rank";
+            local_size_var = "the local size";
+            info.local_from_launcher = false;
+            return;
+        }
+        local_rank_var = local_rank_name;
+        local_size_var = local_size_name != nullptr ? local_size_name : size_name;
+        info.local_rank = local_rank_required ? require(local_rank_name, launcher)
+                                              : read(local_rank_name).value_or(0);
+        info.local_size =
+            local_size_name != nullptr ? read(local_size_name).value_or(info.size) : info.size;
+    };
     if (get("RANK") != nullptr && get("WORLD_SIZE") != nullptr) {
-        info.launcher = "torchrun";
-        rank_var = "RANK";
-        size_var = "WORLD_SIZE";
-        local_rank_var = "LOCAL_RANK";
-        local_size_var = "LOCAL_WORLD_SIZE";
-        info.rank = require(rank_var, info.launcher);
-        info.size = require(size_var, info.launcher);
-        info.local_rank = read(local_rank_var).value_or(0);
-        info.local_size = read(local_size_var).value_or(info.size);
+        take("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", false);
     } else if (get("OMPI_COMM_WORLD_RANK") != nullptr) {
-        info.launcher = "openmpi";
-        rank_var = "OMPI_COMM_WORLD_RANK";
-        size_var = "OMPI_COMM_WORLD_SIZE";
-        local_rank_var = "OMPI_COMM_WORLD_LOCAL_RANK";
-        local_size_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
-        info.rank = require(rank_var, info.launcher);
-        info.size = require(size_var, info.launcher);
-        info.local_rank = require(local_rank_var, info.launcher);
-        info.local_size = read(local_size_var).value_or(info.size);
+        take("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+             "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", true);
     } else if (get("SLURM_PROCID") != nullptr) {
-        info.launcher = "slurm";
-        rank_var = "SLURM_PROCID";
-        size_var = "SLURM_NTASKS";
-        local_rank_var = "SLURM_LOCALID";
+        take("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, true);
         local_size_var = "SLURM_TASKS_PER_NODE";
-        info.rank = require(rank_var, info.launcher);
-        info.size = require(size_var, info.launcher);
-        info.local_rank = require(local_rank_var, info.launcher);
-        info.local_size = info.size;
         if (const char* spec = get("SLURM_TASKS_PER_NODE"); spec != nullptr) {
             const int node = read("SLURM_NODEID").value_or(0);
             const auto n = detail::slurm_tasks_on_node(spec, node);
@@ -161,35 +163,15 @@ launch_info detect_launch(Getenv&& get) {
             info.local_size = *n;
         }
     } else if (get("MV2_COMM_WORLD_RANK") != nullptr) {
-        info.launcher = "mvapich";
-        rank_var = "MV2_COMM_WORLD_RANK";
-        size_var = "MV2_COMM_WORLD_SIZE";
-        local_rank_var = "MV2_COMM_WORLD_LOCAL_RANK";
-        local_size_var = "MV2_COMM_WORLD_LOCAL_SIZE";
-        info.rank = require(rank_var, info.launcher);
-        info.size = require(size_var, info.launcher);
-        info.local_rank = require(local_rank_var, info.launcher);
-        info.local_size = read(local_size_var).value_or(info.size);
+        take("mvapich", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
+             "MV2_COMM_WORLD_LOCAL_SIZE", true);
     } else if (get("PMI_RANK") != nullptr) {
-        info.launcher = "pmi";
-        rank_var = "PMI_RANK";
-        size_var = "PMI_SIZE";
-        info.rank = require(rank_var, info.launcher);
-        info.size = require(size_var, info.launcher);
         if (get("MPI_LOCALRANKID") != nullptr) { // MPICH's Hydra, Intel MPI
-            local_rank_var = "MPI_LOCALRANKID";
-            local_size_var = "MPI_LOCALNRANKS";
-            info.local_rank = require(local_rank_var, info.launcher);
-            info.local_size = read(local_size_var).value_or(info.size);
+            take("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", true);
         } else if (get("PALS_LOCAL_RANKID") != nullptr) { // Cray PALS
-            local_rank_var = "PALS_LOCAL_RANKID";
-            local_size_var = "PMI_SIZE";
-            info.local_rank = require(local_rank_var, info.launcher);
-            info.local_size = info.size;
+            take("pmi", "PMI_RANK", "PMI_SIZE", "PALS_LOCAL_RANKID", nullptr, true);
         } else {
-            local_rank_var = "the local rank";
-            local_size_var = "the local size";
-            info.local_from_launcher = false;
+            take("pmi", "PMI_RANK", "PMI_SIZE", nullptr, nullptr, false);
         }
     } else {
         return info;
