@@ -42,9 +42,14 @@ enum class output_format : std::uint8_t { text, json, csv };
 
 /// Everything one run of unison-bench is asked to do.
 struct bench_config {
-    std::size_t min_bytes = std::size_t{32} << 20;            ///< -b (nccl-tests' default)
-    std::size_t max_bytes = std::size_t{32} << 20;            ///< -e
-    std::size_t step_factor = 2;                              ///< -f
+    std::size_t min_bytes = std::size_t{32} << 20; ///< -b (nccl-tests' default)
+    std::size_t max_bytes = std::size_t{32} << 20; ///< -e
+    std::size_t step_factor = 2;                   ///< -f
+    /// -i: sizes grow by this many bytes instead of by -f (nccl-tests' -i); 0: by -f.
+    std::size_t step_bytes = 0;
+    bool step_factor_given = false;
+    /// -T: seconds every wait may take (UNISON_TIMEOUT); 0: the environment's.
+    int timeout_seconds = 0;
     int iters = 20;                                           ///< -n
     int warmup_iters = 5;                                     ///< -w
     bool check = true;                                        ///< -c
@@ -67,6 +72,40 @@ struct bench_config {
     bool baseline = false;
     bool help = false;
 };
+
+/// Why an nccl-tests option letter has no meaning in unison-bench, or "" if it has.
+constexpr std::string_view nccl_tests_only(char letter) noexcept {
+    switch (letter) {
+    case 'g':
+        return "one device per rank (start one process per GPU)";
+    case 'm':
+        return "calls are not aggregated into one launch";
+    case 'N':
+        return "one cycle per run (run it again for more)";
+    case 'z':
+        return "unison's calls are non-blocking by design";
+    case 'y':
+        return "the NCCL backend uses its own stream";
+    case 'G':
+        return "CUDA graphs are not captured";
+    case 'R':
+        return "buffers are not registered with NCCL";
+    case 'p':
+        return "communicators are created one at a time";
+    case 'x':
+    case 'D':
+    case 'V':
+        return "NCCL's device-side options are not exposed";
+    case 'M':
+        return "no memory report";
+    case 'S':
+        return "no timestamps";
+    case 'J':
+        return "no JSON file yet; --format json writes JSON to stdout";
+    default:
+        return {};
+    }
+}
 
 /// Whether `avg_busbw` (GB/s) fails the run's threshold (--min-busbw).
 inline bool below_threshold(const bench_config& cfg, double avg_busbw) {
@@ -92,10 +131,14 @@ out of place and in place).
   -b, --minbytes <size>      smallest size, bytes; K, M, G suffixes (x1024) [32M]
   -e, --maxbytes <size>      largest size [32M]
   -f, --stepfactor <n>       multiply the size by n at each step, n >= 2 [2]
+  -i, --stepbytes <size>     add this many bytes at each step instead (used when
+                             -f is not given, as in nccl-tests)
   -n, --iters <n>            timed iterations per size [20]
   -w, --warmup_iters <n>     warm-up iterations at the largest and smallest size [5]
-  -c, --check <0|1>          check one extra call per size against a serial
-                             double-precision reference, counted in #wrong [1]
+  -c, --check <n>            n > 0: check one extra call per size against a serial
+                             double-precision reference, counted in #wrong; 0: no
+                             check (nccl-tests' check count; one check is enough
+                             here, the reference being exact) [1]
   -d, --datatype <type>      float, half, bfloat16, double, int32, int64, int8, uint8 [float]
   -o, --op <op>              sum, prod, min, max, avg (avg: floating types only) [sum]
   -C, --collective <name>    all_reduce, all_gather, reduce_scatter, broadcast [all_reduce]
@@ -103,6 +146,7 @@ out of place and in place).
                              launcher with more than one process]
   -a, --average <0-3>        time over the ranks: 0 rank 0's, 1 the mean, 2 the
                              least, 3 the most (nccl-tests' -a) [1]
+  -T, --timeout <seconds>    bound every wait (UNISON_TIMEOUT) [the environment's]
       --min-busbw <GB/s>     fail (exit status 1) when the average bus bandwidth
                              is below this; nccl-tests' NCCL_TESTS_MIN_BW is read
                              too (failing below 0.9 of it, as nccl-tests does)
@@ -120,6 +164,14 @@ the per-rank send and receive bytes, algbw = size / time, busbw = algbw times
 broadcast. time is the mean over -n back-to-back calls, averaged over the ranks
 as -a says. The exit status is 0, 1 when a result was wrong or the bandwidth below
 the threshold, 2 for a bad command line.
+
+nccl-tests options with no meaning here (each is refused with the reason):
+-g (GPUs per thread: one device per rank), -m (aggregated launches), -N (run
+cycles), -z (blocking NCCL calls), -y (the null stream), -G (CUDA graphs), -R
+(buffer registration), -p (parallel init), -x/-D/-V (NCCL device options), -M
+(memory report), -S (timestamps), -J (JSON file: --format json for now). -C is
+the collective here; nccl-tests' -C (CPU time) and its choice of collective by
+binary name are not supported.
 )";
     return s;
 }
@@ -223,7 +275,8 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
         {'d', "datatype", true}, {'o', "op", true},           {'C', "collective", true},
         {'B', "backend", true},  {'t', "nthreads", true},     {'r', "root", true},
         {'\0', "format", true},  {'\0', "baseline", false},   {'h', "help", false},
-        {'a', "average", true},  {'\0', "min-busbw", true},
+        {'a', "average", true},  {'\0', "min-busbw", true},   {'i', "stepbytes", true},
+        {'T', "timeout", true},
     };
 
     bench_config cfg;
@@ -243,6 +296,10 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
                 }
             }
         } else if (arg.size() >= 2 && arg[0] == '-') {
+            if (const std::string_view why = nccl_tests_only(arg[1]); !why.empty()) {
+                throw usage_error("nccl-tests' option -" + std::string(1, arg[1]) +
+                                  " has no meaning here: " + std::string(why));
+            }
             for (const auto& s : specs) {
                 if (s.short_name != '\0' && s.short_name == arg[1]) {
                     spec = &s;
@@ -296,6 +353,19 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
         case 'f':
             cfg.step_factor =
                 static_cast<std::size_t>(integer_in(2, 1 << 20, "a step factor >= 2"));
+            cfg.step_factor_given = true;
+            break;
+        case 'i': {
+            const auto v = detail::parse_bytes(value);
+            if (!v || *v == 0) {
+                throw bad("a step in bytes (> 0, with an optional K, M or G suffix)");
+            }
+            cfg.step_bytes = *v;
+            break;
+        }
+        case 'T':
+            cfg.timeout_seconds =
+                static_cast<int>(integer_in(1, 1 << 20, "a timeout in seconds >= 1"));
             break;
         case 'n':
             cfg.iters = static_cast<int>(integer_in(1, 1 << 30, "an iteration count >= 1"));
@@ -305,7 +375,7 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
                 static_cast<int>(integer_in(0, 1 << 30, "a warm-up iteration count >= 0"));
             break;
         case 'c':
-            cfg.check = integer_in(0, 1, "0 or 1") == 1;
+            cfg.check = integer_in(0, 1 << 30, "a check count >= 0") > 0;
             break;
         case 'd': {
             const auto t = parse_dtype(value);

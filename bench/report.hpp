@@ -110,10 +110,11 @@ public:
                     std::string(to_string(c.collective)).c_str(),
                     std::string(to_string(c.backend)).c_str(), info.ranks,
                     detail::dtype_name(info).c_str(), info.op_name.c_str(), info.root);
-        std::printf("# nRanks %d minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d "
+        const bool by_bytes = c.step_bytes > 0 && !c.step_factor_given;
+        std::printf("# nRanks %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d "
                     "iters: %d validation: %d\n",
-                    info.ranks, c.min_bytes, c.max_bytes, c.step_factor, c.warmup_iters, c.iters,
-                    c.check ? 1 : 0);
+                    info.ranks, c.min_bytes, c.max_bytes, by_bytes ? c.step_bytes : c.step_factor,
+                    by_bytes ? "bytes" : "factor", c.warmup_iters, c.iters, c.check ? 1 : 0);
         std::printf("#\n# Using devices\n");
         for (const std::string& line : info.rank_lines) {
             std::printf("#  %s\n", line.c_str());

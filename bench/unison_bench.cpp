@@ -108,9 +108,19 @@ template <class T>
     }
 }
 
-/// The requested sizes: min, min * f, ... up to max.
+/// The requested sizes: min, min * f, ... up to max (or min, min + i, ... with -i
+/// and no -f, as nccl-tests steps).
 std::vector<std::size_t> bench_sizes(const bench_config& cfg) {
     std::vector<std::size_t> sizes;
+    if (cfg.step_bytes > 0 && !cfg.step_factor_given) {
+        for (std::size_t b = cfg.min_bytes; b <= cfg.max_bytes; b += cfg.step_bytes) {
+            sizes.push_back(b);
+            if (b > cfg.max_bytes - cfg.step_bytes) {
+                break;
+            }
+        }
+        return sizes;
+    }
     for (std::size_t b = cfg.min_bytes; b <= cfg.max_bytes; b *= cfg.step_factor) {
         sizes.push_back(b);
         if (b > cfg.max_bytes / cfg.step_factor) {
@@ -794,6 +804,9 @@ int main(int argc, char** argv) {
             std::fputs(usage_text("unison-bench").c_str(), stdout);
         }
         return 0;
+    }
+    if (cfg.timeout_seconds > 0) { // -T: read by every communicator's comm_options
+        ::setenv("UNISON_TIMEOUT", std::to_string(cfg.timeout_seconds).c_str(), 1);
     }
     // Started by an MPI launcher (mpirun, srun, MPICH's mpiexec) with more than one
     // process and no -B or -t: join the MPI world, as nccl-tests' binaries do,
