@@ -314,6 +314,16 @@ TEST_CASE("launcher: MVAPICH2 and the PMI launchers of MPICH, Intel MPI and Cray
         CHECK(info.local_size == 1);
         CHECK_FALSE(info.local_from_launcher);
     }
+    SUBCASE("RANK and WORLD_SIZE alone (Kubernetes): the local rank is unknown "
+            "(store_launch takes it from the host names)") {
+        const unison::launch_info info =
+            unison::detect_launch(fake_env{{"RANK", "3"}, {"WORLD_SIZE", "8"}});
+        CHECK(info.launcher == "torchrun");
+        CHECK(info.rank == 3);
+        CHECK(info.local_rank == 0);
+        CHECK(info.local_size == 1);
+        CHECK_FALSE(info.local_from_launcher);
+    }
     SUBCASE("Slurm's own variables win over PMI's under srun") {
         const auto env = merged(slurm(3, 1, 1), fake_env{{"PMI_RANK", "3"}, {"PMI_SIZE", "7"}});
         CHECK(unison::detect_launch(env).launcher == "slurm");

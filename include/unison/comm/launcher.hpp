@@ -31,7 +31,8 @@ struct launch_info {
     int local_rank = 0; ///< rank on this node: picks the GPU
     int local_size = 1; ///< ranks on this node
     /// "torchrun", "openmpi", "slurm", "mvapich", "pmi" (MPICH, Intel MPI, Cray
-    /// PALS), "mpi" (from the MPI library itself, mpi_launch) or "none"
+    /// PALS), "mpi" (from the MPI library itself, mpi_launch), "store" (from the
+    /// store's rendezvous, store_launch) or "none"
     std::string_view launcher = "none";
     /// Whether local_rank and local_size came from the launcher (else they are 0 and
     /// 1, unknown).
@@ -139,8 +140,17 @@ launch_info detect_launch(Getenv&& get) {
         }
         local_rank_var = local_rank_name;
         local_size_var = local_size_name != nullptr ? local_size_name : size_name;
-        info.local_rank = local_rank_required ? require(local_rank_name, launcher)
-                                              : read(local_rank_name).value_or(0);
+        if (local_rank_required) {
+            info.local_rank = require(local_rank_name, launcher);
+        } else if (const auto v = read(local_rank_name)) {
+            info.local_rank = *v;
+        } else {
+            // RANK and WORLD_SIZE alone (a Kubernetes job): the local rank is unknown.
+            local_rank_var = "the local rank";
+            local_size_var = "the local size";
+            info.local_from_launcher = false;
+            return;
+        }
         info.local_size =
             local_size_name != nullptr ? read(local_size_name).value_or(info.size) : info.size;
     };
