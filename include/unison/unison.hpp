@@ -1,13 +1,15 @@
 #pragma once
 
 /// \file
-/// The umbrella header: the core, the collectives, data parallelism and every backend this
+/// The umbrella header: the core, the collectives, data parallelism, the rendezvous
+/// without MPI (rendezvous.hpp) and every backend this
 /// translation unit can use. The thread backend is always there; the MPI backend
 /// when the target links `unison::mpi`, the NCCL backend with `unison::nccl`.
 
 #include "unison/comm.hpp"
 #include "unison/core.hpp"
 #include "unison/ddp.hpp"
+#include "unison/rendezvous.hpp"
 #include "unison/sharded.hpp"
 #include "unison/thread.hpp"
 

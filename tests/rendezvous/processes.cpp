@@ -1,0 +1,174 @@
+// The TCP store between real processes, started as torchrun or Kubernetes start them:
+// each with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in its environment and
+// nothing else shared. Rank 0 hosts the store on MASTER_PORT; the ranks gather their
+// process ids; and when one rank never starts, every rank that did fails within its
+// timeout with an error naming the missing rank.
+
+#include <unison/rendezvous.hpp>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+std::uint16_t unused_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t n = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+/// What one process printed, and how it ended.
+struct outcome {
+    std::string report;
+    int exit_code = -1;
+};
+
+/// In a child: meet as `rank` of `size`, gather process ids, check them, and write
+/// "ok" or the error to `out`; exits 0, or 3 on a unison error.
+[[noreturn]] void run_rank(int rank, int size, std::uint16_t port, const char* timeout, int out) {
+    for (const char* v :
+         {"TORCHELASTIC_USE_AGENT_STORE", "UNISON_STORE_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+          "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "MV2_COMM_WORLD_RANK"}) {
+        ::unsetenv(v);
+    }
+    ::setenv("RANK", std::to_string(rank).c_str(), 1);
+    ::setenv("WORLD_SIZE", std::to_string(size).c_str(), 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    ::setenv("UNISON_TIMEOUT", timeout, 1);
+    std::string report;
+    int code = 0;
+    try {
+        unison::tcp_store store = unison::tcp_store::from_env();
+        const pid_t me = ::getpid();
+        const auto pids = store.all_gather("pids", std::as_bytes(std::span(&me, 1)));
+        report = "ok";
+        for (int r = 0; r < size; ++r) {
+            pid_t p = 0;
+            std::memcpy(&p, pids[static_cast<std::size_t>(r)].data(), sizeof p);
+            if (pids[static_cast<std::size_t>(r)].size() != sizeof p || (r == rank) != (p == me)) {
+                report = "wrong pid from rank " + std::to_string(r);
+            }
+        }
+        const unison::launch_info info = unison::store_launch(store);
+        if (info.local_rank != rank || info.local_size != size) {
+            report = "local rank " + std::to_string(info.local_rank) + " of " +
+                     std::to_string(info.local_size);
+        }
+        store.barrier("done");
+    } catch (const unison::error& e) {
+        report = e.what();
+        code = 3;
+    }
+    (void)!::write(out, report.data(), report.size());
+    ::_exit(code);
+}
+
+/// Starts the ranks in `ranks` of a job of `size` on `port` and waits (at most
+/// 60 s) for each to end.
+std::vector<outcome> start_job(const std::vector<int>& ranks, int size, std::uint16_t port,
+                               const char* timeout) {
+    std::vector<pid_t> children;
+    std::vector<int> pipes;
+    for (const int rank : ranks) {
+        int p[2];
+        REQUIRE(::pipe(p) == 0);
+        const pid_t child = ::fork();
+        REQUIRE(child >= 0);
+        if (child == 0) {
+            ::close(p[0]);
+            run_rank(rank, size, port, timeout, p[1]);
+        }
+        ::close(p[1]);
+        children.push_back(child);
+        pipes.push_back(p[0]);
+    }
+    std::vector<outcome> out(ranks.size());
+    const auto deadline = clock_type::now() + std::chrono::seconds(60);
+    for (std::size_t i = 0; i < children.size(); ++i) {
+        int status = 0;
+        while (::waitpid(children[i], &status, WNOHANG) == 0) {
+            if (clock_type::now() > deadline) {
+                ::kill(children[i], SIGKILL);
+                ::waitpid(children[i], &status, 0);
+                break;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        out[i].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        char buf[4096];
+        ssize_t n = 0;
+        while ((n = ::read(pipes[i], buf, sizeof buf)) > 0) {
+            out[i].report.append(buf, static_cast<std::size_t>(n));
+        }
+        ::close(pipes[i]);
+    }
+    return out;
+}
+
+/// start_job, again on another port if rank 0 found its port taken in the moment
+/// between unused_port() and its bind.
+std::vector<outcome> start_job_retrying(const std::vector<int>& ranks, int size,
+                                        const char* timeout) {
+    for (int attempt = 0;; ++attempt) {
+        auto out = start_job(ranks, size, unused_port(), timeout);
+        if (attempt == 2 || out[0].report.find("cannot host the store") == std::string::npos) {
+            return out;
+        }
+    }
+}
+
+} // namespace
+
+TEST_CASE("tcp_store: processes started with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+          "meet") {
+    for (const int size : {1, 2, 4}) {
+        CAPTURE(size);
+        std::vector<int> ranks;
+        for (int r = 0; r < size; ++r) {
+            ranks.push_back(r);
+        }
+        const auto out = start_job_retrying(ranks, size, "20");
+        for (int r = 0; r < size; ++r) {
+            CAPTURE(r);
+            CHECK(out[static_cast<std::size_t>(r)].report == "ok");
+            CHECK(out[static_cast<std::size_t>(r)].exit_code == 0);
+        }
+    }
+}
+
+TEST_CASE("tcp_store: when one process never starts, the others name it within their timeout") {
+    const auto start = clock_type::now();
+    // Rank 2 of 3 is never started; rank 0 hosts, rank 1 joins.
+    const auto out = start_job_retrying({0, 1}, 3, "1");
+    const auto took = clock_type::now() - start;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        CAPTURE(i);
+        CAPTURE(out[i].report);
+        CHECK(out[i].exit_code == 3);
+        CHECK(out[i].report.find("rank 2 of 3") != std::string::npos);
+        CHECK(out[i].report.find("never connected") != std::string::npos);
+    }
+    CHECK(took < std::chrono::seconds(20));
+}
