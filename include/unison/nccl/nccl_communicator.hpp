@@ -13,6 +13,8 @@
 #include "unison/core/detail/clock.hpp"
 #include "unison/cuda/check.hpp"
 #include "unison/nccl/detail/nccl_check.hpp"
+#include "unison/rendezvous/launch.hpp"
+#include "unison/rendezvous/tcp_store.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -22,7 +24,9 @@
 #include "unison/mpi/launch.hpp"
 #endif
 
+#include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -224,6 +228,60 @@ public:
         return c;
     }
 #endif
+
+    /// Bootstraps NCCL over the store's rendezvous (no MPI: torchrun, Kubernetes; see
+    /// tcp_store::from_env): rank 0 creates the unique id and the store carries it to
+    /// the others. The device is the local rank (store_launch: the launcher's
+    /// LOCAL_RANK, else this rank's place among the ranks on its host). Collective
+    /// over the store's ranks; every rank waits for rank 0's id at most the store's
+    /// timeout, and a rank 0 that cannot make one says why on every rank.
+    static nccl_communicator from_store(tcp_store& store,
+                                        comm_options options = comm_options::from_env()) {
+        const char* operation = "nccl_communicator::from_store";
+        const int rank = store.rank();
+        int devices = 0;
+        UNISON_CHECK_CUDA(cudaGetDeviceCount(&devices), rank, operation);
+        const int device = local_device(store_launch(store), devices);
+        UNISON_CHECK_CUDA(cudaSetDevice(device), rank, operation);
+        // Rank 0 sends a status byte and the id, or a zero byte and why it has none,
+        // so that no rank waits out the timeout for an id that will never come.
+        std::vector<std::byte> message(1 + sizeof(ncclUniqueId));
+        std::string failure;
+        if (rank == 0) {
+            ncclUniqueId id{};
+            const ncclResult_t r = ncclGetUniqueId(&id);
+            if (r == ncclSuccess) {
+                message[0] = std::byte{1};
+                std::memcpy(message.data() + 1, &id, sizeof id);
+            } else {
+                failure = std::string("ncclGetUniqueId: ") + ncclGetErrorString(r);
+                message.assign(1, std::byte{0});
+                const auto* p = reinterpret_cast<const std::byte*>(failure.data());
+                message.insert(message.end(), p, p + failure.size());
+            }
+        }
+        const std::vector<std::byte> got = store.broadcast("nccl unique id", message, 0);
+        if (!failure.empty()) {
+            throw nccl_error(rank, operation, failure);
+        }
+        if (got.empty() || got[0] != std::byte{1} || got.size() != 1 + sizeof(ncclUniqueId)) {
+            const std::string why =
+                got.size() > 1
+                    ? std::string(reinterpret_cast<const char*>(got.data() + 1), got.size() - 1)
+                    : std::string("an empty message");
+            throw peer_error(rank, operation, "rank 0 has no NCCL unique id to share: " + why, 0);
+        }
+        ncclUniqueId id{};
+        std::memcpy(&id, got.data() + 1, sizeof id);
+        ncclComm_t comm = nullptr;
+        UNISON_CHECK_NCCL(ncclCommInitRank(&comm, store.size(), id, rank), rank, operation);
+        cudaStream_t stream = nullptr;
+        UNISON_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), rank,
+                          operation);
+        nccl_communicator c(comm, stream, device, true, options);
+        c.state_->owns_stream = true;
+        return c;
+    }
 
     /// Adopts `comm` and `stream` on `device` without taking ownership.
     nccl_communicator(ncclComm_t comm, cudaStream_t stream, int device,
