@@ -1,8 +1,9 @@
 #pragma once
 
 /// \file
-/// unison-bench's command line: nccl-tests' options (-b -e -f -n -w -c -d -o -r -t)
-/// plus the collective, the backend, the output format and the baselines.
+/// unison-bench's command line: nccl-tests' options (-b -e -f -i -n -w -c -d -o -r -a
+/// -T -t -C -J) and its choice of collective by program name, plus the backend, the
+/// output format and the baselines.
 
 #include "collective_shape.hpp"
 
@@ -19,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace unison::bench {
 
@@ -55,9 +57,15 @@ struct bench_config {
     bool check = true;                                        ///< -c
     dtype type = dtype::f32;                                  ///< -d
     reduce_op op = reduce_op::sum;                            ///< -o
-    collective_kind collective = collective_kind::all_reduce; ///< -C
-    backend_kind backend = backend_kind::thread;              ///< -B
+    collective_kind collective = collective_kind::all_reduce; ///< --collective
+    bool collective_given = false;
+    backend_kind backend = backend_kind::thread; ///< -B
     bool backend_given = false;
+    /// -C 1: the time column is the CPU time taken to issue the -n calls (nccl-tests'
+    /// report_cputime); algbw and busbw still come from the time to complete them.
+    bool report_cputime = false;
+    /// -J: nccl-tests' JSON file, written besides what goes to stdout; "" for none.
+    std::string json_path;
     /// -a: the time reported per size, over the ranks: 0 rank 0's, 1 the mean
     /// (nccl-tests' default), 2 the least, 3 the most.
     int average = 1;
@@ -71,6 +79,11 @@ struct bench_config {
     output_format format = output_format::text;
     bool baseline = false;
     bool help = false;
+    /// argv[0]'s last component: "unison-bench", or an nccl-tests binary's name such
+    /// as "all_reduce_perf", which selects the collective.
+    std::string program_name = "unison-bench";
+    /// The command line as given, for the JSON file's "args".
+    std::vector<std::string> command_line;
 };
 
 /// Why an nccl-tests option letter has no meaning in unison-bench, or "" if it has.
@@ -100,8 +113,6 @@ constexpr std::string_view nccl_tests_only(char letter) noexcept {
         return "no memory report";
     case 'S':
         return "no timestamps";
-    case 'J':
-        return "no JSON file yet; --format json writes JSON to stdout";
     default:
         return {};
     }
@@ -117,6 +128,33 @@ class usage_error : public std::runtime_error {
 public:
     using std::runtime_error::runtime_error;
 };
+
+/// The nccl-tests binary that times `c`: "all_reduce_perf", ...
+inline std::string nccl_tests_program(collective_kind c) {
+    return std::string(to_string(c)) + "_perf";
+}
+
+/// The collective a program name selects, as nccl-tests builds one binary per
+/// collective: "all_gather_perf" selects all_gather; a name that does not end in
+/// "_perf" (unison-bench's own) selects none. Throws usage_error for nccl-tests'
+/// other binaries (reduce_perf, alltoall_perf, sendrecv_perf, ...), whose
+/// collectives unison-bench does not time.
+inline std::optional<collective_kind> collective_of_program(std::string_view name) {
+    constexpr std::string_view suffix = "_perf";
+    if (!name.ends_with(suffix)) {
+        return std::nullopt;
+    }
+    if (const auto c = parse_collective(name.substr(0, name.size() - suffix.size()))) {
+        return c;
+    }
+    std::string served;
+    for (collective_kind c : all_collective_kinds) {
+        served += (served.empty() ? "" : ", ") + nccl_tests_program(c);
+    }
+    throw usage_error("started as '" + std::string(name) +
+                      "', which names no collective unison-bench times (" + served +
+                      " do; or start it as unison-bench with --collective)");
+}
 
 /// The -h text.
 inline std::string usage_text(std::string_view program) {
@@ -141,11 +179,23 @@ out of place and in place).
                              here, the reference being exact) [1]
   -d, --datatype <type>      float, half, bfloat16, double, int32, int64, int8, uint8 [float]
   -o, --op <op>              sum, prod, min, max, avg (avg: floating types only) [sum]
-  -C, --collective <name>    all_reduce, all_gather, reduce_scatter, broadcast [all_reduce]
+      --collective <name>    all_reduce, all_gather, reduce_scatter, broadcast
+                             [all_reduce, or the one the program name says]
   -B, --backend <name>       thread, mpi, nccl [thread; mpi when started by an MPI
                              launcher with more than one process]
   -a, --average <0-3>        time over the ranks: 0 rank 0's, 1 the mean, 2 the
                              least, 3 the most (nccl-tests' -a) [1]
+  -C, --report_cputime <0/1> 1: the time column is rank 0's CPU time to issue the
+                             calls, before waiting for them (nccl-tests' -C; the
+                             same as the full time on the thread and MPI backends,
+                             whose calls block); algbw and busbw do not change [0]
+  -J, --output_file <file>   also write nccl-tests' JSON file, in nccl-tests 2.17's
+                             layout (file version 1), baselines under a key of
+                             their own. The name must end in .json; an existing
+                             file is kept and the next free <file>.0, <file>.1,
+                             ... written instead, as nccl-tests does. Like
+                             nccl-tests' file it records the command line and the
+                             whole environment
   -T, --timeout <seconds>    bound every wait (UNISON_TIMEOUT) [the environment's]
       --min-busbw <GB/s>     fail (exit status 1) when the average bus bandwidth
                              is below this; nccl-tests' NCCL_TESTS_MIN_BW is read
@@ -158,6 +208,10 @@ out of place and in place).
                              with -B mpi, raw-mpi (the same collective in plain MPI)
   -h, --help                 this text
 
+Started under an nccl-tests binary's name (a link named all_reduce_perf,
+all_gather_perf, reduce_scatter_perf or broadcast_perf; the build makes them
+next to unison-bench), it times that collective, as nccl-tests' binaries do.
+
 Sizes, bandwidths and the #wrong column follow nccl-tests: size is the larger of
 the per-rank send and receive bytes, algbw = size / time, busbw = algbw times
 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for
@@ -169,9 +223,11 @@ nccl-tests options with no meaning here (each is refused with the reason):
 -g (GPUs per thread: one device per rank), -m (aggregated launches), -N (run
 cycles), -z (blocking NCCL calls), -y (the null stream), -G (CUDA graphs), -R
 (buffer registration), -p (parallel init), -x/-D/-V (NCCL device options), -M
-(memory report), -S (timestamps), -J (JSON file: --format json for now). -C is
-the collective here; nccl-tests' -C (CPU time) and its choice of collective by
-binary name are not supported.
+(memory report), -S (timestamps).
+
+--format json writes unison-bench's own flat records (one per size and table) to
+stdout instead of the text; -J writes nccl-tests' nested document to a file and
+leaves stdout as it is.
 )";
     return s;
 }
@@ -250,6 +306,27 @@ inline std::optional<double> parse_decimal(std::string_view s) {
     return v;
 }
 
+/// Whether `path` names a JSON file as nccl-tests tells one: its extension (after
+/// the last '.' of the last path component) is "json" in any case.
+inline bool is_json_file_name(std::string_view path) {
+    const auto dot = path.find_last_of('.');
+    const auto slash = path.find_last_of('/');
+    if (dot == std::string_view::npos || (slash != std::string_view::npos && slash > dot)) {
+        return false;
+    }
+    const std::string_view ext = path.substr(dot + 1);
+    constexpr std::string_view json = "json";
+    if (ext.size() != json.size()) {
+        return false;
+    }
+    for (std::size_t i = 0; i < ext.size(); ++i) {
+        if ((ext[i] | 0x20) != json[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
 inline std::optional<reduce_op> parse_reduce_op(std::string_view s) {
     for (reduce_op op :
          {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg}) {
@@ -270,16 +347,29 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
         bool takes_value;
     };
     static constexpr option_spec specs[] = {
-        {'b', "minbytes", true}, {'e', "maxbytes", true},     {'f', "stepfactor", true},
-        {'n', "iters", true},    {'w', "warmup_iters", true}, {'c', "check", true},
-        {'d', "datatype", true}, {'o', "op", true},           {'C', "collective", true},
-        {'B', "backend", true},  {'t', "nthreads", true},     {'r', "root", true},
-        {'\0', "format", true},  {'\0', "baseline", false},   {'h', "help", false},
-        {'a', "average", true},  {'\0', "min-busbw", true},   {'i', "stepbytes", true},
-        {'T', "timeout", true},
+        {'b', "minbytes", true},     {'e', "maxbytes", true},
+        {'f', "stepfactor", true},   {'n', "iters", true},
+        {'w', "warmup_iters", true}, {'c', "check", true},
+        {'d', "datatype", true},     {'o', "op", true},
+        {'\0', "collective", true},  {'B', "backend", true},
+        {'t', "nthreads", true},     {'r', "root", true},
+        {'\0', "format", true},      {'\0', "baseline", false},
+        {'h', "help", false},        {'a', "average", true},
+        {'\0', "min-busbw", true},   {'i', "stepbytes", true},
+        {'T', "timeout", true},      {'C', "report_cputime", true},
+        {'J', "output_file", true},
     };
 
     bench_config cfg;
+    if (argc > 0 && argv[0] != nullptr) {
+        const std::string_view path = argv[0];
+        const auto slash = path.find_last_of('/');
+        cfg.program_name =
+            std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
+    }
+    for (int i = 0; i < argc; ++i) {
+        cfg.command_line.emplace_back(argv[i] != nullptr ? argv[i] : "");
+    }
     for (int i = 1; i < argc; ++i) {
         const std::string_view arg = argv[i];
         const option_spec* spec = nullptr;
@@ -395,13 +485,27 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
             break;
         }
         case 'C': {
-            const auto c = parse_collective(value);
-            if (!c) {
-                throw bad("a collective (all_reduce, all_gather, reduce_scatter, broadcast)");
+            const auto v = detail::parse_integer(value);
+            if (!v || *v < 0 || *v > 1) {
+                if (parse_collective(value)) { // the collective's option before nccl-tests' -C
+                    throw usage_error("option -C: '" + std::string(value) +
+                                      "' is not 0 or 1: -C is nccl-tests' report_cputime; "
+                                      "the collective is --collective " +
+                                      std::string(value) + " (or the program name " +
+                                      std::string(value) + "_perf)");
+                }
+                throw bad("0 or 1 (nccl-tests' report_cputime)");
             }
-            cfg.collective = *c;
+            cfg.report_cputime = *v == 1;
             break;
         }
+        case 'J':
+            if (!detail::is_json_file_name(value)) {
+                throw bad("a file name ending in .json (nccl-tests writes its JSON file only "
+                          "to such a name)");
+            }
+            cfg.json_path = std::string(value);
+            break;
         case 'a':
             cfg.average = static_cast<int>(integer_in(0, 3, "0, 1, 2 or 3"));
             break;
@@ -438,6 +542,13 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
                 } else {
                     throw bad("an output format (text, json, csv)");
                 }
+            } else if (spec->long_name == "collective") {
+                const auto c = parse_collective(value);
+                if (!c) {
+                    throw bad("a collective (all_reduce, all_gather, reduce_scatter, broadcast)");
+                }
+                cfg.collective = *c;
+                cfg.collective_given = true;
             } else if (spec->long_name == "baseline") {
                 cfg.baseline = true;
             } else if (spec->long_name == "min-busbw") {
@@ -452,6 +563,14 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
     }
     if (cfg.help) {
         return cfg;
+    }
+    if (const auto named = collective_of_program(cfg.program_name)) {
+        if (cfg.collective_given && cfg.collective != *named) {
+            throw usage_error("--collective " + std::string(to_string(cfg.collective)) +
+                              " contradicts the program name " + cfg.program_name +
+                              ", which times " + std::string(to_string(*named)));
+        }
+        cfg.collective = *named;
     }
     if (const char* env = std::getenv("NCCL_TESTS_MIN_BW"); env != nullptr && cfg.min_busbw < 0) {
         const auto v = detail::parse_decimal(env);

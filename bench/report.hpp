@@ -2,33 +2,49 @@
 
 /// \file
 /// unison-bench's output: nccl-tests' text table, or one flat record per size in
-/// JSON or CSV. Rows are written as soon as they are measured (stdout is flushed
-/// after each), so a long run shows progress and a crash keeps what was measured.
+/// JSON or CSV, on stdout; and with -J, nccl-tests' JSON file besides. Rows are
+/// written as soon as they are measured (stdout is flushed after each), so a long
+/// run shows progress and a crash keeps what was measured.
 ///
-/// Every record carries the run's metadata (table, backend, collective, ranks,
-/// dtype, op, root) and the same columns in every format:
+/// The text output is nccl-tests 2.17's, line for line: its header lines (version,
+/// program, parameters, "# Using devices" and one line per rank), its table and its
+/// closing lines; unison-bench adds one "# unison-bench:" line to the header and
+/// the baseline tables, all as '#' lines.
+///
+/// Every flat record (--format json or csv) carries the run's metadata (table,
+/// backend, collective, ranks, dtype, op, root) and the same columns in every format:
 ///   size, count, then for oop_ (out of place) and ip_ (in place):
-///   time_us, algbw, busbw (GB/s), wrong (elements) and ratio (baselines only:
-///   unison's time over the baseline's). `table` is "unison" for the main rows and
-///   the baseline's name ("raw-mpi", "local-add") for the others.
+///   time_us (the CPU time with -C 1), algbw, busbw (GB/s), wrong (elements) and
+///   ratio (baselines only: unison's time over the baseline's). `table` is "unison"
+///   for the main rows and the baseline's name ("raw-mpi", "local-add") for the others.
 
 #include "bench_config.hpp"
 #include "collective_shape.hpp"
 
+#include <unison/version.hpp>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 namespace unison::bench {
 
 /// One side (out of place or in place) of one row.
 struct side_result {
     double seconds = 0;                 ///< mean per call, over the ranks as -a says
+    double cpu_seconds = 0;             ///< rank 0's time to issue a call (-C 1 shows it)
     double algbw = 0;                   ///< GB/s
     std::optional<double> busbw;        ///< GB/s; none where it means nothing (local-add)
     std::optional<std::uint64_t> wrong; ///< none when not checked
@@ -42,13 +58,32 @@ struct size_result {
     side_result in_place;
 };
 
+/// One rank's line under "# Using devices".
+struct rank_device {
+    int rank = 0;
+    int pid = 0;
+    std::string host;          ///< up to its first '.', as nccl-tests prints it
+    std::optional<int> device; ///< the CUDA device; none on the host backends
+    std::string bus_id;        ///< PCI "domain:bus:device" of the GPU; "" on the host
+    std::string info;          ///< the GPU's name, or "thread 0", "MPI process"
+};
+
 /// What the header and every record say about the run.
 struct run_info {
     const bench_config* config = nullptr;
     int ranks = 0;
     int root = -1;       ///< -1 unless the collective has a root (nccl-tests prints -1)
     std::string op_name; ///< "none" for collectives without a reduction (nccl-tests)
-    std::vector<std::string> rank_lines; ///< "Rank 0 Pid ... on host device ..." per rank
+    /// nccl-tests' nThread: ranks per process (the thread backend's -t; 1 for MPI and
+    /// NCCL, one process per rank).
+    int threads_per_process = 1;
+    /// nccl-tests' nGpus: devices per rank, 1 on the NCCL backend, 0 on the host
+    /// backends, which use none.
+    int devices_per_rank = 0;
+    int nccl_headers = 0;             ///< NCCL_VERSION_CODE of the build; 0 without NCCL
+    int nccl_library = 0;             ///< ncclGetVersion(); 0 without NCCL
+    std::string json_path;            ///< the file -J writes to, or ""
+    std::vector<rank_device> devices; ///< one per rank, in rank order
 };
 
 /// Receives results on rank 0 and writes them.
@@ -78,10 +113,21 @@ inline std::string format(const char* fmt, double v) {
     return buf;
 }
 
-/// nccl-tests' time column: fewer decimals as the time grows.
-inline std::string time_text(double seconds) {
-    const double us = seconds * 1e6;
-    return format(us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f", us);
+/// nccl-tests' getFloatStr: `value` in `width` columns, with fewer decimals as it
+/// grows (two below 10^(width-3), ...) and in exponent form past the width.
+inline std::string nccl_float(double value, int width) {
+    int power = 0; // decimal digits of the integer part
+    for (double v = 1; value >= v && power < 400; v *= 10) {
+        ++power;
+    }
+    const char* fmt = power < width - 2   ? "%*.2f"
+                      : power < width - 1 ? "%*.1f"
+                      : power < width + 1 ? "%*.0f"
+                      : width >= 7        ? "%*.1e"
+                                          : "%*.0e";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, fmt, width, value);
+    return buf;
 }
 
 /// A ratio in six columns: fewer decimals as it grows.
@@ -98,7 +144,40 @@ inline std::string json_number(double v, const char* fmt = "%.6g") {
     return std::isfinite(v) ? format(fmt, v) : std::string("null");
 }
 
+/// The time a side shows: the CPU time to issue the calls with -C 1, else the time
+/// to complete them.
+inline double shown_seconds(const bench_config& c, const side_result& s) {
+    return c.report_cputime ? s.cpu_seconds : s.seconds;
+}
+
+/// "YYYY-MM-DD HH:MM:SS" in local time, nccl-tests' timestamps.
+inline std::string local_time_now() {
+    const std::time_t now = std::time(nullptr);
+    std::tm parts{};
+    char buf[64] = {};
+    if (localtime_r(&now, &parts) != nullptr) {
+        std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &parts);
+    }
+    return buf;
+}
+
 } // namespace detail
+
+/// A rank's line under "# Using devices" as nccl-tests prints it: rank, group (always
+/// 0: no NCCL_TESTS_SPLIT here), pid, host, then the device, its PCI address and its
+/// name ("device  0 [0000:07:00] NVIDIA H100"); a host rank shows "device  - [host]"
+/// and what it is ("thread 0", "MPI process").
+inline std::string device_line(const rank_device& d) {
+    char device[16] = " -";
+    if (d.device) {
+        std::snprintf(device, sizeof device, "%2d", *d.device);
+    }
+    char line[640];
+    std::snprintf(line, sizeof line, "#  Rank %2d Group %2d Pid %6d on %10s device %s [%s] %s",
+                  d.rank, 0, d.pid, d.host.c_str(), device,
+                  d.bus_id.empty() ? "host" : d.bus_id.c_str(), d.info.c_str());
+    return line;
+}
 
 /// nccl-tests' text output.
 class text_reporter final : public reporter {
@@ -106,18 +185,25 @@ public:
     void begin(const run_info& info) override {
         info_ = info;
         const bench_config& c = *info.config;
+        if (!info.json_path.empty()) {
+            std::printf("# Writing JSON output to %s\n", info.json_path.c_str());
+        }
+        std::printf("# nccl-tests version unison-%s nccl-headers=%d nccl-library=%d\n",
+                    version_string, info.nccl_headers, info.nccl_library);
+        std::printf("# Collective test starting: %s\n", c.program_name.c_str());
+        const bool by_bytes = c.step_bytes > 0 && !c.step_factor_given;
+        std::printf("# nThread %d nGpus %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: "
+                    "%d iters: %d agg iters: 1 validation: %d graph: 0\n",
+                    info.threads_per_process, info.devices_per_rank, c.min_bytes, c.max_bytes,
+                    by_bytes ? c.step_bytes : c.step_factor, by_bytes ? "bytes" : "factor",
+                    c.warmup_iters, c.iters, c.check ? 1 : 0);
         std::printf("# unison-bench: %s, backend %s, %d ranks, dtype %s, op %s, root %d\n",
                     std::string(to_string(c.collective)).c_str(),
                     std::string(to_string(c.backend)).c_str(), info.ranks,
                     detail::dtype_name(info).c_str(), info.op_name.c_str(), info.root);
-        const bool by_bytes = c.step_bytes > 0 && !c.step_factor_given;
-        std::printf("# nRanks %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d "
-                    "iters: %d validation: %d\n",
-                    info.ranks, c.min_bytes, c.max_bytes, by_bytes ? c.step_bytes : c.step_factor,
-                    by_bytes ? "bytes" : "factor", c.warmup_iters, c.iters, c.check ? 1 : 0);
         std::printf("#\n# Using devices\n");
-        for (const std::string& line : info.rank_lines) {
-            std::printf("#  %s\n", line.c_str());
+        for (const rank_device& d : info.devices) {
+            std::printf("%s\n", device_line(d).c_str());
         }
         std::printf("#\n");
         print_header(false);
@@ -127,10 +213,10 @@ public:
     void row(const size_result& r) override { print_row(r, false); }
 
     void end_main(std::uint64_t wrong, double avg_busbw) override {
-        std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(wrong),
-                    wrong == 0 ? "OK" : "FAILED");
+        std::printf("# %-20s : %llu %s\n", "Out of bounds values",
+                    static_cast<unsigned long long>(wrong), wrong == 0 ? "OK" : "FAILED");
         const bench_config& c = *info_.config;
-        std::printf("# Avg bus bandwidth    : %g %s\n#\n", avg_busbw,
+        std::printf("# %-20s : %g %s\n#\n", "Avg bus bandwidth", avg_busbw,
                     c.min_busbw < 0                 ? ""
                     : below_threshold(c, avg_busbw) ? "FAILED"
                                                     : "OK");
@@ -138,89 +224,103 @@ public:
     }
 
     void begin_baseline(std::string_view name, std::string_view description) override {
-        std::printf("#\n# Baseline %.*s: %.*s\n", static_cast<int>(name.size()), name.data(),
+        close_baseline();
+        std::printf("# Baseline %.*s: %.*s\n", static_cast<int>(name.size()), name.data(),
                     static_cast<int>(description.size()), description.data());
         std::printf("# ratio = unison's time / the baseline's time (above 1: unison is slower)\n"
                     "# (its rows start with '#', so that parsers of nccl-tests' logs read the "
                     "main table alone)\n");
         print_header(true);
+        baseline_open_ = true;
         std::fflush(stdout);
     }
 
     void baseline_row(const size_result& r) override { print_row(r, true); }
 
     void skip_baseline(std::string_view name, std::string_view why) override {
-        std::printf("#\n# Baseline %.*s: skipped: %.*s\n", static_cast<int>(name.size()),
+        close_baseline();
+        std::printf("# Baseline %.*s: skipped: %.*s\n#\n", static_cast<int>(name.size()),
                     name.data(), static_cast<int>(why.size()), why.data());
         std::fflush(stdout);
     }
 
     void finish() override {
-        std::printf("#\n");
+        close_baseline();
+        std::printf("# Collective test concluded: %s\n#\n", info_.config->program_name.c_str());
         std::fflush(stdout);
     }
 
 private:
-    static constexpr int prefix_width = 52; // "%12s  %12s  %8s  %6s  %6s" with the '#'
+    /// The columns before the sides: "# %10s  %12s  %8s  %6s  %6s", 50 wide.
+    static constexpr int prefix_width = 50;
 
-    /// The two-label line above the columns: each label ends 8 columns before the
-    /// end of its half, as in nccl-tests.
-    static void print_side_labels(int side_width) {
-        std::string line(static_cast<std::size_t>(prefix_width + 2 * side_width), ' ');
-        line[0] = '#';
-        auto place = [&](std::string_view label, int side) {
-            const int end = prefix_width + (side + 1) * side_width - 8;
-            line.replace(static_cast<std::size_t>(end - static_cast<int>(label.size())),
-                         label.size(), label);
-        };
-        place("out-of-place", 0);
-        place("in-place", 1);
-        while (!line.empty() && line.back() == ' ') {
-            line.pop_back();
+    void close_baseline() {
+        if (baseline_open_) {
+            std::printf("#\n");
+            baseline_open_ = false;
         }
-        std::printf("%s\n", line.c_str());
     }
 
-    static void print_header(bool baseline) {
-        const int side_width = baseline ? 39 : 31;
-        print_side_labels(side_width);
-        std::printf("#%11s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
-        for (int side = 0; side < 2; ++side) {
-            std::printf("  %7s  %6s  %6s %6s", "time", "algbw", "busbw", "#wrong");
-            if (baseline) {
-                std::printf("  %6s", "ratio");
+    /// nccl-tests' three header lines (labels, names, units), each ending in the
+    /// space nccl-tests leaves for its timestamp column; a baseline's sides have
+    /// one more column, the ratio.
+    void print_header(bool baseline) const {
+        const char* time = info_.config->report_cputime ? "cputime" : "time";
+        if (!baseline) {
+            std::printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                     "
+                        "  in-place          \n",
+                        "", "", "", "", "");
+        } else {
+            constexpr int side_width = 41; // "  %7s  %6s  %6s  %6s  %6s"
+            std::string line(prefix_width + 2 * side_width, ' ');
+            line[0] = '#';
+            auto place = [&](std::string_view label, int side) {
+                const auto end =
+                    static_cast<std::size_t>(prefix_width + (side + 1) * side_width - 12);
+                line.replace(end - label.size(), label.size(), label);
+            };
+            place("out-of-place", 0);
+            place("in-place", 1);
+            while (line.back() == ' ') {
+                line.pop_back();
             }
+            std::printf("%s\n", line.c_str());
         }
-        std::printf("\n");
-        char units[256];
-        int used = std::snprintf(units, sizeof units, "#%11s  %12s  %8s  %6s  %6s", "(B)",
-                                 "(elements)", "", "", "");
-        for (int side = 0; side < 2; ++side) {
-            used += std::snprintf(units + used, sizeof units - static_cast<std::size_t>(used),
-                                  "  %7s  %6s  %6s %6s", "(us)", "(GB/s)", "(GB/s)", "");
-            if (baseline) {
-                used += std::snprintf(units + used, sizeof units - static_cast<std::size_t>(used),
-                                      "  %6s", "(x)");
+        const char* names[2][5] = {{"size", "count", "type", "redop", "root"},
+                                   {"(B)", "(elements)", "", "", ""}};
+        const char* sides[2][5] = {{time, "algbw", "busbw", "#wrong", "ratio"},
+                                   {"(us)", "(GB/s)", "(GB/s)", "", "(x)"}};
+        for (int l = 0; l < 2; ++l) {
+            std::printf("# %10s  %12s  %8s  %6s  %6s", names[l][0], names[l][1], names[l][2],
+                        names[l][3], names[l][4]);
+            for (int side = 0; side < 2; ++side) {
+                std::printf("  %7s  %6s  %6s  %6s", sides[l][0], sides[l][1], sides[l][2],
+                            sides[l][3]);
+                if (baseline) {
+                    std::printf("  %6s", sides[l][4]);
+                }
             }
+            std::printf(" \n");
         }
-        std::string line(units);
-        while (!line.empty() && line.back() == ' ') {
-            line.pop_back();
-        }
-        std::printf("%s\n", line.c_str());
     }
 
-    /// A row; a baseline's is a comment line ('#' in place of the size's first
-    /// column), which nccl-tests' log parsers skip.
+    /// A row as nccl-tests prints it; a baseline's is a comment line ('#' in place of
+    /// the size's first column), which nccl-tests' log parsers skip.
     void print_row(const size_result& r, bool baseline) {
+        const bench_config& c = *info_.config;
         std::printf(baseline ? "#%11zu  %12zu  %8s  %6s  %6d" : "%12zu  %12zu  %8s  %6s  %6d",
                     r.shape.size_bytes(), r.shape.count, detail::dtype_name(info_).c_str(),
                     info_.op_name.c_str(), info_.root);
         for (const side_result* s : {&r.out_of_place, &r.in_place}) {
-            const std::string busbw = s->busbw ? detail::format("%6.2f", *s->busbw) : "N/A";
-            const std::string wrong = s->wrong ? std::to_string(*s->wrong) : std::string("N/A");
-            std::printf("  %7s  %6.2f  %6s  %5s", detail::time_text(s->seconds).c_str(), s->algbw,
-                        busbw.c_str(), wrong.c_str());
+            const std::string time = detail::nccl_float(detail::shown_seconds(c, *s) * 1e6, 7);
+            const std::string algbw = detail::nccl_float(s->algbw, 6);
+            const std::string busbw = s->busbw ? detail::nccl_float(*s->busbw, 6) : "N/A";
+            if (s->wrong) {
+                std::printf("  %7s  %6s  %6s  %6g", time.c_str(), algbw.c_str(), busbw.c_str(),
+                            static_cast<double>(*s->wrong));
+            } else {
+                std::printf("  %7s  %6s  %6s    N/A", time.c_str(), algbw.c_str(), busbw.c_str());
+            }
             if (baseline) {
                 std::printf("  %6s", s->ratio ? detail::ratio_text(*s->ratio).c_str() : "N/A");
             }
@@ -230,6 +330,7 @@ private:
     }
 
     run_info info_;
+    bool baseline_open_ = false;
 };
 
 /// Flat records, shared by the JSON and CSV writers.
@@ -294,7 +395,8 @@ protected:
             {"ip_time_us", "ip_algbw", "ip_busbw", "ip_wrong", "ip_ratio"}};
         int side = 0;
         for (const side_result* s : {&r.out_of_place, &r.in_place}) {
-            f.push_back({keys[side][0], detail::format("%.3f", s->seconds * 1e6), false});
+            f.push_back(
+                {keys[side][0], detail::format("%.3f", detail::shown_seconds(c, *s) * 1e6), false});
             f.push_back({keys[side][1], number(s->algbw), false});
             f.push_back({keys[side][2], s->busbw ? number(*s->busbw) : std::nullopt, false});
             f.push_back(
@@ -320,10 +422,59 @@ private:
     }
 };
 
-/// Escapes `s` for a JSON string literal.
+namespace detail {
+
+/// Length of the UTF-8 sequence at the start of `s`, or 0 when it is not one
+/// (a stray continuation byte, an overlong form, a surrogate, a cut-off end).
+inline std::size_t utf8_length(std::string_view s) {
+    const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
+    const unsigned char lead = byte(0);
+    std::size_t n = 0;
+    unsigned char lo = 0x80;
+    unsigned char hi = 0xBF;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+        n = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+        n = 3;
+        lo = lead == 0xE0 ? 0xA0 : 0x80;
+        hi = lead == 0xED ? 0x9F : 0xBF;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+        n = 4;
+        lo = lead == 0xF0 ? 0x90 : 0x80;
+        hi = lead == 0xF4 ? 0x8F : 0xBF;
+    } else {
+        return 0;
+    }
+    if (s.size() < n || byte(1) < lo || byte(1) > hi) {
+        return 0;
+    }
+    for (std::size_t i = 2; i < n; ++i) {
+        if (byte(i) < 0x80 || byte(i) > 0xBF) {
+            return 0;
+        }
+    }
+    return n;
+}
+
+} // namespace detail
+
+/// Escapes `s` for a JSON string literal. Bytes that are not UTF-8 become U+FFFD,
+/// so that the document stays valid whatever a command line or an environment holds.
 inline std::string json_quote(std::string_view s) {
     std::string out = "\"";
-    for (char ch : s) {
+    for (std::size_t i = 0; i < s.size();) {
+        const char ch = s[i];
+        if (static_cast<unsigned char>(ch) >= 0x80) {
+            const std::size_t n = detail::utf8_length(s.substr(i));
+            if (n == 0) {
+                out += "\\ufffd";
+                ++i;
+            } else {
+                out.append(s.substr(i, n));
+                i += n;
+            }
+            continue;
+        }
         switch (ch) {
         case '"':
             out += "\\\"";
@@ -340,12 +491,13 @@ inline std::string json_quote(std::string_view s) {
         default:
             if (static_cast<unsigned char>(ch) < 0x20) {
                 char buf[8];
-                std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+                std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(ch));
                 out += buf;
             } else {
                 out += ch;
             }
         }
+        ++i;
     }
     return out + "\"";
 }
@@ -451,6 +603,253 @@ private:
     bool header_written_ = false;
 };
 
+/// nccl-tests' JSON file (-J), in the layout nccl-tests 2.17 writes (its
+/// src/util.cu, file "version" 1), one object:
+///   version, start_time, args (the command line), env (the environment),
+///   nccl_version, config {nthreads, ngpus, minimum_bytes, maximum_bytes,
+///   step_factor or step_bytes, warmup_iters, iterations, aggregated_iterations,
+///   validation, graph, blocking_collectives, parallel_init, devices [{rank, group,
+///   pid, hostname, device, device_hex, device_info}]}, results [{size, count, type,
+///   redop, root, out_of_place {time, alg_bw, bus_bw, nwrong}, in_place {...},
+///   actual_iterations, experiment_name}], out_of_bounds {count, okay},
+///   average_bus_bandwidth {bandwidth, okay}, errors, end_time.
+/// Types are nccl-tests' own: flags and "okay" are the strings "true" and "false"
+/// ("unchecked" for a bandwidth without threshold), root is the text column
+/// ("    -1"), nwrong a number; times are in us ("cpu_time" instead of "time" with
+/// -C 1), bandwidths in GB/s. Where a field means nothing here: nccl_version is
+/// null without NCCL, a host rank's device and device_hex are null, and a number
+/// that is not finite is null (nccl-tests writes "nan"). Two more keys are
+/// unison-bench's, and a reader of nccl-tests' layout skips them: "unison" (version,
+/// program, backend, collective, ranks, dtype, op, average, report_cputime) and
+/// "unison_baselines" (per baseline: name, description and results as above with a
+/// "ratio" on each side, or name and "skipped": why).
+class nccl_tests_json_reporter final : public reporter {
+public:
+    /// Creates the file as nccl-tests does, never over an existing one: `path`, else
+    /// the first of `path`.0, `path`.1, ... that does not exist. Throws
+    /// std::runtime_error when it cannot.
+    explicit nccl_tests_json_reporter(const std::string& path) {
+        std::string attempt = path;
+        for (int n = 0;; ++n) {
+            file_ = std::fopen(attempt.c_str(), "wx");
+            if (file_ != nullptr) {
+                break;
+            }
+            if (errno != EEXIST) {
+                throw std::runtime_error("-J: cannot create '" + attempt +
+                                         "': " + std::strerror(errno));
+            }
+            attempt = path + "." + std::to_string(n);
+        }
+        path_ = attempt;
+    }
+    nccl_tests_json_reporter(const nccl_tests_json_reporter&) = delete;
+    nccl_tests_json_reporter& operator=(const nccl_tests_json_reporter&) = delete;
+    ~nccl_tests_json_reporter() override {
+        if (file_ != nullptr) {
+            std::fclose(file_);
+        }
+    }
+
+    /// The file written to (`path` or the name that replaced it).
+    const std::string& path() const noexcept { return path_; }
+
+    void begin(const run_info& info) override {
+        info_ = info;
+        const bench_config& c = *info.config;
+        put("{\"version\":1,\"start_time\":" + json_quote(detail::local_time_now()));
+        put(",\n\"args\":[");
+        write_list(c.command_line);
+        put("],\n\"env\":[");
+        std::vector<std::string> env;
+        for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+            env.emplace_back(*e);
+        }
+        write_list(env);
+        put("],\n\"nccl_version\":" +
+            (info.nccl_library != 0 ? std::to_string(info.nccl_library) : "null"));
+        put(",\n\"unison\":{\"version\":" + json_quote(version_string) + ",\"program\":" +
+            json_quote(c.program_name) + ",\"backend\":" + json_quote(to_string(c.backend)) +
+            ",\"collective\":" + json_quote(to_string(c.collective)) + ",\"ranks\":" +
+            std::to_string(info.ranks) + ",\"dtype\":" + json_quote(to_string(c.type)) +
+            ",\"op\":" + json_quote(info.op_name) + ",\"average\":" + std::to_string(c.average) +
+            ",\"report_cputime\":" + (c.report_cputime ? "1" : "0") + "}");
+
+        const bool by_bytes = c.step_bytes > 0 && !c.step_factor_given;
+        put(",\n\"config\":{\"nthreads\":" + std::to_string(info.threads_per_process) +
+            ",\"ngpus\":" + std::to_string(info.devices_per_rank) + ",\"minimum_bytes\":" +
+            std::to_string(c.min_bytes) + ",\"maximum_bytes\":" + std::to_string(c.max_bytes) +
+            (by_bytes ? ",\"step_bytes\":" + std::to_string(c.step_bytes)
+                      : ",\"step_factor\":" + std::to_string(c.step_factor)) +
+            ",\"warmup_iters\":" + std::to_string(c.warmup_iters) +
+            ",\"iterations\":" + std::to_string(c.iters) +
+            ",\"aggregated_iterations\":1,\"validation\":" + (c.check ? "1" : "0") +
+            ",\"graph\":0,\"blocking_collectives\":\"false\",\"parallel_init\":\"false\""
+            ",\"devices\":[");
+        bool first = true;
+        for (const rank_device& d : info.devices) {
+            put(std::string(first ? "" : ",") + "\n{\"rank\":" + std::to_string(d.rank) +
+                ",\"group\":0,\"pid\":" + std::to_string(d.pid) +
+                ",\"hostname\":" + json_quote(d.host) +
+                ",\"device\":" + (d.device ? std::to_string(*d.device) : "null") +
+                ",\"device_hex\":" + (d.bus_id.empty() ? "null" : json_quote(d.bus_id)) +
+                ",\"device_info\":" + json_quote(d.info) + "}");
+            first = false;
+        }
+        put("]},\n\"results\":[");
+        first_row_ = true;
+        flush();
+    }
+
+    void row(const size_result& r) override { write_row(r, false); }
+
+    void end_main(std::uint64_t wrong, double avg_busbw) override {
+        const bench_config& c = *info_.config;
+        put("],\n\"out_of_bounds\":{\"count\":" + std::to_string(wrong) +
+            ",\"okay\":" + (wrong == 0 ? "\"true\"" : "\"false\"") + "}");
+        put(",\n\"average_bus_bandwidth\":{\"bandwidth\":" + number(avg_busbw) + ",\"okay\":" +
+            (c.min_busbw < 0                 ? "\"unchecked\""
+             : below_threshold(c, avg_busbw) ? "\"false\""
+                                             : "\"true\"") +
+            "}");
+        flush();
+    }
+
+    void begin_baseline(std::string_view name, std::string_view description) override {
+        next_baseline();
+        put("{\"name\":" + json_quote(name) + ",\"description\":" + json_quote(description) +
+            ",\"results\":[");
+        baseline_open_ = true;
+        first_row_ = true;
+        flush();
+    }
+
+    void baseline_row(const size_result& r) override { write_row(r, true); }
+
+    void skip_baseline(std::string_view name, std::string_view why) override {
+        next_baseline();
+        put("{\"name\":" + json_quote(name) + ",\"skipped\":" + json_quote(why) + "}");
+        flush();
+    }
+
+    void finish() override {
+        close_baseline();
+        put(baselines_ == 0 ? ",\n\"unison_baselines\":[]" : "]");
+        put(",\n\"errors\":[],\n\"end_time\":" + json_quote(detail::local_time_now()) + "}\n");
+        const bool written = std::fflush(file_) == 0 && !std::ferror(file_);
+        const int closed = std::fclose(file_);
+        file_ = nullptr;
+        if (!written || closed != 0) {
+            throw std::runtime_error("-J: writing '" + path_ + "' failed");
+        }
+    }
+
+private:
+    void put(const std::string& text) { std::fputs(text.c_str(), file_); }
+    void flush() { std::fflush(file_); }
+
+    /// A number as nccl-tests writes its doubles ("%lf"), or null.
+    static std::string number(double v) { return detail::json_number(v, "%f"); }
+
+    void write_list(const std::vector<std::string>& items) {
+        bool first = true;
+        for (const std::string& item : items) {
+            if (!first) {
+                put(",");
+            }
+            put(json_quote(item));
+            first = false;
+        }
+    }
+
+    /// Closes the results of the baseline being written, if any.
+    void close_baseline() {
+        if (baseline_open_) {
+            put("]}");
+            baseline_open_ = false;
+        }
+    }
+
+    /// Closes the baseline being written, if any, and opens the next one's place
+    /// in "unison_baselines" (the key itself before the first).
+    void next_baseline() {
+        close_baseline();
+        put(baselines_ == 0 ? ",\n\"unison_baselines\":[\n" : ",\n");
+        ++baselines_;
+    }
+
+    void write_row(const size_result& r, bool baseline) {
+        const bench_config& c = *info_.config;
+        char head[256];
+        std::snprintf(head, sizeof head,
+                      "%s\n{\"size\":%zu,\"count\":%zu,\"type\":%s,\"redop\":%s,\"root\":\"%6d\"",
+                      first_row_ ? "" : ",", r.shape.size_bytes(), r.shape.count,
+                      json_quote(to_string(c.type)).c_str(), json_quote(info_.op_name).c_str(),
+                      info_.root);
+        put(head);
+        first_row_ = false;
+        const char* side_keys[] = {"out_of_place", "in_place"};
+        int side = 0;
+        for (const side_result* s : {&r.out_of_place, &r.in_place}) {
+            put(std::string(",\"") + side_keys[side++] + "\":{\"" +
+                (c.report_cputime ? "cpu_time" : "time") + "\":" +
+                number(detail::shown_seconds(c, *s) * 1e6) + ",\"alg_bw\":" + number(s->algbw) +
+                ",\"bus_bw\":" + (s->busbw ? number(*s->busbw) : "null") +
+                ",\"nwrong\":" + (s->wrong ? number(static_cast<double>(*s->wrong)) : "null") +
+                (baseline ? ",\"ratio\":" + (s->ratio ? number(*s->ratio) : "null") : "") + "}");
+        }
+        put(",\"actual_iterations\":" + std::to_string(c.iters) + ",\"experiment_name\":\"\"}");
+        flush();
+    }
+
+    std::FILE* file_ = nullptr;
+    std::string path_;
+    run_info info_;
+    bool first_row_ = true;
+    bool baseline_open_ = false;
+    int baselines_ = 0;
+};
+
+/// Sends everything to two reporters: stdout's and the -J file's.
+class tee_reporter final : public reporter {
+public:
+    tee_reporter(std::unique_ptr<reporter> first, std::unique_ptr<reporter> second)
+        : first_(std::move(first)), second_(std::move(second)) {}
+
+    void begin(const run_info& info) override {
+        first_->begin(info);
+        second_->begin(info);
+    }
+    void row(const size_result& r) override {
+        first_->row(r);
+        second_->row(r);
+    }
+    void end_main(std::uint64_t wrong, double avg_busbw) override {
+        first_->end_main(wrong, avg_busbw);
+        second_->end_main(wrong, avg_busbw);
+    }
+    void begin_baseline(std::string_view name, std::string_view description) override {
+        first_->begin_baseline(name, description);
+        second_->begin_baseline(name, description);
+    }
+    void baseline_row(const size_result& r) override {
+        first_->baseline_row(r);
+        second_->baseline_row(r);
+    }
+    void skip_baseline(std::string_view name, std::string_view why) override {
+        first_->skip_baseline(name, why);
+        second_->skip_baseline(name, why);
+    }
+    void finish() override {
+        first_->finish();
+        second_->finish();
+    }
+
+private:
+    std::unique_ptr<reporter> first_;
+    std::unique_ptr<reporter> second_;
+};
+
 /// The reporter for `format`.
 inline std::unique_ptr<reporter> make_reporter(output_format format) {
     switch (format) {
@@ -462,6 +861,19 @@ inline std::unique_ptr<reporter> make_reporter(output_format format) {
         break;
     }
     return std::make_unique<text_reporter>();
+}
+
+/// Rank 0's reporter: stdout's as --format says, and with -J the JSON file too,
+/// created here (`info.json_path` gets its name). Throws std::runtime_error when
+/// the file cannot be created.
+inline std::unique_ptr<reporter> make_reporter(const bench_config& cfg, run_info& info) {
+    std::unique_ptr<reporter> out = make_reporter(cfg.format);
+    if (cfg.json_path.empty()) {
+        return out;
+    }
+    auto file = std::make_unique<nccl_tests_json_reporter>(cfg.json_path);
+    info.json_path = file->path();
+    return std::make_unique<tee_reporter>(std::move(out), std::move(file));
 }
 
 } // namespace unison::bench

@@ -4,10 +4,15 @@
 ///     unison-bench -b 8 -e 64M -f 4 -t 4                         # thread backend
 ///     mpiexec -n 4 unison-bench -B mpi -b 8 -e 64M --baseline    # MPI, with raw MPI
 ///     mpiexec -n 8 unison-bench -B nccl -b 8 -e 8G               # NCCL, a GPU per process
+///     mpiexec -n 4 all_gather_perf -b 8 -e 64M -J ag.json        # a link: all_gather
 ///
 /// Timing follows nccl-tests' BenchTime: one untimed call, a barrier, then -n calls
-/// back to back between two clock reads; the reported time is the mean per call,
-/// averaged over the ranks (or rank 0's, the least or the most: -a, as nccl-tests). Consecutive timed calls move through the buffers (nccl-tests'
+/// back to back between two reads of the host clock (nccl-tests 2.17 uses no CUDA
+/// events either); the reported time is the mean per call, averaged over the ranks
+/// (or rank 0's, the least or the most: -a, as nccl-tests). The clock is also read
+/// once the calls are issued, before waiting for them: -C 1 reports that CPU time,
+/// as nccl-tests does; on the thread and MPI backends, whose calls block, it is the
+/// whole time. Consecutive timed calls move through the buffers (nccl-tests'
 /// per-iteration offset) so that small sizes are not timed on the same cache lines
 /// over and over. With -c 1 one more call per size runs on fresh data outside the
 /// timed loop and every rank counts its wrong elements against a serial reference.
@@ -287,12 +292,14 @@ private:
                 shift_for(static_cast<std::size_t>(i), s.size_bytes(), cfg_.max_bytes);
             call(send + off, recv + off, s, in_place);
         }
+        const std::chrono::duration<double> issued = bench_clock::now() - start;
         ctl_.finish();
         const std::chrono::duration<double> elapsed = bench_clock::now() - start;
         const double seconds = over_ranks(elapsed.count() / cfg_.iters);
 
         side_result r;
         r.seconds = seconds;
+        r.cpu_seconds = issued.count() / cfg_.iters; // this rank's; rank 0 reports it
         r.algbw = algbw_gbps(s, seconds);
         r.busbw = r.algbw * bus_factor(cfg_.collective, ranks_);
         if (cfg_.check) {
@@ -323,6 +330,7 @@ private:
             const std::chrono::duration<double> elapsed = bench_clock::now() - start;
             side_result r;
             r.seconds = elapsed.count() / cfg_.iters;
+            r.cpu_seconds = r.seconds;
             r.algbw = r.seconds > 0 ? static_cast<double>(bytes) / 1e9 / r.seconds : 0.0;
             return r;
         });
@@ -358,30 +366,40 @@ table_summary summarize(const std::vector<size_result>& rows) {
     return t;
 }
 
-run_info make_run_info(const bench_config& cfg, int ranks, std::vector<std::string> lines) {
+/// The header's facts: `threads` ranks per process and `devices` per rank (nccl-tests'
+/// nThread and nGpus), `ranks` in all, and each rank's device line.
+run_info make_run_info(const bench_config& cfg, int ranks, int threads, int devices,
+                       std::vector<rank_device> lines) {
     run_info info;
     info.config = &cfg;
     info.ranks = ranks;
     info.root = cfg.collective == collective_kind::broadcast ? cfg.root : -1;
     info.op_name = reduces(cfg.collective) ? std::string(to_string(cfg.op)) : "none";
-    info.rank_lines = std::move(lines);
+    info.threads_per_process = threads;
+    info.devices_per_rank = devices;
+#if UNISON_HAS_NCCL()
+    info.nccl_headers = NCCL_VERSION_CODE;
+    if (ncclGetVersion(&info.nccl_library) != ncclSuccess) {
+        info.nccl_library = 0;
+    }
+#endif
+    info.devices = std::move(lines);
     return info;
 }
 
+/// The host's name up to its first '.', as nccl-tests prints it.
 std::string host_name() {
     char name[256] = {};
     if (gethostname(name, sizeof name - 1) != 0) {
         return "unknown";
     }
-    return name;
+    const std::string full = name;
+    return full.substr(0, full.find('.'));
 }
 
-std::string rank_line(int rank, std::string_view device) {
-    char line[512];
-    std::snprintf(line, sizeof line, "Rank %2d Pid %6d on %10s device %.*s", rank,
-                  static_cast<int>(getpid()), host_name().c_str(), static_cast<int>(device.size()),
-                  device.data());
-    return line;
+/// A rank's device line on this host: `what` it is, no device yet.
+rank_device host_rank(int rank, std::string what) {
+    return {rank, static_cast<int>(getpid()), host_name(), std::nullopt, {}, std::move(what)};
 }
 
 constexpr std::string_view local_add_description =
@@ -434,12 +452,12 @@ void no_raw_table(const std::vector<size_result>&, reporter* out) {
 // ------------------------------------------------------------------ thread backend
 
 int run_thread_backend(const bench_config& cfg) {
-    const std::unique_ptr<reporter> out = make_reporter(cfg.format);
-    std::vector<std::string> lines;
+    std::vector<rank_device> lines;
     for (int r = 0; r < cfg.thread_ranks; ++r) {
-        lines.push_back(rank_line(r, "host (thread " + std::to_string(r) + ")"));
+        lines.push_back(host_rank(r, "thread " + std::to_string(r)));
     }
-    const run_info info = make_run_info(cfg, cfg.thread_ranks, std::move(lines));
+    run_info info = make_run_info(cfg, cfg.thread_ranks, cfg.thread_ranks, 0, std::move(lines));
+    const std::unique_ptr<reporter> out = make_reporter(cfg, info);
     std::uint64_t wrong = 0;
     thread_world(cfg.thread_ranks).run([&](thread_communicator& comm) {
         unison_control<thread_communicator> ctl{comm};
@@ -493,21 +511,43 @@ struct mpi_control {
     }
 };
 
-/// Every rank's "Rank ... Pid ... on host device ..." line, gathered on rank 0
-/// (empty elsewhere).
-std::vector<std::string> gather_rank_lines(int rank, int ranks, const std::string& mine) {
-    constexpr int line_bytes = 256;
-    std::vector<char> own(line_bytes, '\0');
-    std::copy_n(mine.begin(), std::min<std::size_t>(mine.size(), line_bytes - 1), own.begin());
-    std::vector<char> all(rank == 0 ? static_cast<std::size_t>(ranks) * line_bytes : 0);
-    check_mpi(MPI_Gather(own.data(), line_bytes, MPI_CHAR, all.data(), line_bytes, MPI_CHAR, 0,
+/// Every rank's device line, gathered on rank 0 (empty elsewhere). Each travels as
+/// its fields separated by tabs, which none of them holds.
+std::vector<rank_device> gather_rank_devices(int rank, int ranks, const rank_device& mine) {
+    constexpr int record_bytes = 512;
+    std::string text = std::to_string(mine.rank) + '\t' + std::to_string(mine.pid) + '\t' +
+                       mine.host + '\t' + (mine.device ? std::to_string(*mine.device) : "") + '\t' +
+                       mine.bus_id + '\t' + mine.info;
+    std::replace(text.begin(), text.end(), '\n', ' ');
+    std::vector<char> own(record_bytes, '\0');
+    std::copy_n(text.begin(), std::min<std::size_t>(text.size(), record_bytes - 1), own.begin());
+    std::vector<char> all(rank == 0 ? static_cast<std::size_t>(ranks) * record_bytes : 0);
+    check_mpi(MPI_Gather(own.data(), record_bytes, MPI_CHAR, all.data(), record_bytes, MPI_CHAR, 0,
                          MPI_COMM_WORLD),
               "MPI_Gather");
-    std::vector<std::string> lines;
+    std::vector<rank_device> devices;
     for (int r = 0; rank == 0 && r < ranks; ++r) {
-        lines.emplace_back(all.data() + static_cast<std::size_t>(r) * line_bytes);
+        const std::string record(all.data() + static_cast<std::size_t>(r) * record_bytes);
+        std::vector<std::string> fields;
+        std::size_t from = 0;
+        for (std::size_t tab; (tab = record.find('\t', from)) != std::string::npos;
+             from = tab + 1) {
+            fields.push_back(record.substr(from, tab - from));
+        }
+        fields.push_back(record.substr(from));
+        fields.resize(6);
+        rank_device d;
+        d.rank = std::atoi(fields[0].c_str());
+        d.pid = std::atoi(fields[1].c_str());
+        d.host = fields[2];
+        if (!fields[3].empty()) {
+            d.device = std::atoi(fields[3].c_str());
+        }
+        d.bus_id = fields[4];
+        d.info = fields[5];
+        devices.push_back(std::move(d));
     }
-    return lines;
+    return devices;
 }
 
 /// Runs `fn()` between MPI_Init and MPI_Finalize; an error on one rank aborts the
@@ -636,11 +676,11 @@ int run_mpi_ranks(const bench_config& cfg) {
         return 2;
     }
 
-    std::vector<std::string> lines =
-        gather_rank_lines(rank, ranks, rank_line(rank, "host (MPI process)"));
-    const std::unique_ptr<reporter> out = make_reporter(cfg.format);
-    reporter* mine_out = rank == 0 ? out.get() : nullptr;
-    const run_info info = make_run_info(cfg, ranks, std::move(lines));
+    std::vector<rank_device> lines =
+        gather_rank_devices(rank, ranks, host_rank(rank, "MPI process"));
+    run_info info = make_run_info(cfg, ranks, 1, 0, std::move(lines));
+    const std::unique_ptr<reporter> out = rank == 0 ? make_reporter(cfg, info) : nullptr;
+    reporter* mine_out = out.get();
     if (mine_out != nullptr) {
         mine_out->begin(info);
     }
@@ -759,14 +799,17 @@ int run_nccl_ranks(const bench_config& cfg) {
     }
     cudaDeviceProp prop{};
     UNISON_CHECK_CUDA(cudaGetDeviceProperties(&prop, comm.device()), rank, "unison-bench");
-    char device_text[320];
-    std::snprintf(device_text, sizeof device_text, "%2d [0x%02x] %s", comm.device(), prop.pciBusID,
-                  prop.name);
-    std::vector<std::string> lines = gather_rank_lines(rank, ranks, rank_line(rank, device_text));
+    char bus_id[32];
+    std::snprintf(bus_id, sizeof bus_id, "%04x:%02x:%02x", prop.pciDomainID, prop.pciBusID,
+                  prop.pciDeviceID);
+    rank_device mine = host_rank(rank, prop.name);
+    mine.device = comm.device();
+    mine.bus_id = bus_id;
+    std::vector<rank_device> lines = gather_rank_devices(rank, ranks, mine);
 
-    const std::unique_ptr<reporter> out = make_reporter(cfg.format);
-    reporter* mine_out = rank == 0 ? out.get() : nullptr;
-    const run_info info = make_run_info(cfg, ranks, std::move(lines));
+    run_info info = make_run_info(cfg, ranks, 1, 1, std::move(lines));
+    const std::unique_ptr<reporter> out = rank == 0 ? make_reporter(cfg, info) : nullptr;
+    reporter* mine_out = out.get();
     if (mine_out != nullptr) {
         mine_out->begin(info);
     }
@@ -801,7 +844,7 @@ int main(int argc, char** argv) {
     }
     if (cfg.help) {
         if (launch_rank() == 0) {
-            std::fputs(usage_text("unison-bench").c_str(), stdout);
+            std::fputs(usage_text(cfg.program_name).c_str(), stdout);
         }
         return 0;
     }
