@@ -22,6 +22,8 @@
 #include <unistd.h>
 
 #if UNISON_HAS_NCCL()
+#include <unison/cuda/device_buffer.hpp>
+
 #include <cuda_runtime_api.h>
 #endif
 
