@@ -56,6 +56,7 @@ public:
         const std::uint64_t seq = sequence++;
         rank_entry& mine = group->entry(seq, rank);
         mine.call = call;
+        mine.signature = signature_of(call);
         arrive(call.op, seq);
         check_matching(call.op, seq);
         if (call.op == operation::barrier) {
@@ -85,6 +86,7 @@ public:
         const std::uint64_t seq = sequence++;
         rank_entry& mine = group->entry(seq, rank);
         mine.call = call;
+        mine.signature = signature_of(call);
         mine.ready_event = mover->record_ready();
         arrive(call.op, seq);
         check_matching(call.op, seq);
@@ -266,10 +268,10 @@ private:
     /// Every rank compares every published call with rank 0's, so all ranks throw
     /// the same error at the same point and no data has moved.
     void check_matching(operation op, std::uint64_t seq) {
-        const call_signature ref = signature_of(group->entry(seq, 0).call);
+        const call_signature& ref = group->entry(seq, 0).signature;
         for (int q = 1; q < group->size; ++q) {
             check_signature(rank, operation_label(op, seq), 0, ref, q,
-                            signature_of(group->entry(seq, q).call));
+                            group->entry(seq, q).signature);
         }
     }
 

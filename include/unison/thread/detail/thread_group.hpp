@@ -6,6 +6,7 @@
 /// mailbox for send/recv.
 
 #include "unison/comm/collective.hpp"
+#include "unison/comm/detail/matching.hpp"
 #include "unison/thread/detail/phase_barrier.hpp"
 
 #include <atomic>
@@ -52,6 +53,11 @@ struct thread_group;
 /// What one rank published for one collective.
 struct alignas(64) rank_entry {
     collective_call call;
+    /// The call's signature, computed by the rank that published it: the others
+    /// compare it without reading the publisher's arrays (all_gatherv's counts, a
+    /// coalesced call's pieces), which a rank that has thrown on a mismatch may have
+    /// freed by the time a slower peer checks.
+    call_signature signature;
     int color = 0;               ///< split only
     int key = 0;                 ///< split only
     void* ready_event = nullptr; ///< device data: cudaEvent_t after this rank's inputs
