@@ -68,6 +68,9 @@ constexpr std::string_view to_string(operation op) noexcept {
 ///   all_to_all: `count` elements to each peer; `send` and `recv` hold `count * size`;
 ///   send / recv: `count` elements to / from rank `root`, matched by `tag`;
 ///   barrier: no data.
+///   all_reduce, coalesced (all_reduce_coalesced): `pieces` non-empty, reduced in
+///                place as one buffer laid end to end; `count` is their total and
+///                `send` = `recv` = the first piece's data.
 /// In-place calls pass aliasing pointers: all_reduce, broadcast and reduce with
 /// `send == recv`; reduce_scatter with `recv == send + rank * count`; all_gather
 /// with `send == recv + rank * count`. On non-root ranks of `reduce`, `recv` may be
@@ -92,6 +95,9 @@ struct collective_call {
     /// compares it, so a rank that skipped a call is caught at its next one. 0 when
     /// unused; send/recv ignore it.
     std::uint64_t step = 0;
+    /// Coalesced all_reduce: the tensors, all of `type` and in host memory; must
+    /// outlive the call as its data does. Empty for every other call.
+    std::span<const buffer> pieces{};
 };
 
 namespace detail {

@@ -101,6 +101,33 @@ all_reduce_async(C& comm, InOut&& inout, reduce_op op = reduce_op::sum, call_sta
         .submit(detail::all_reduce_call(detail::site(comm, operation::all_reduce), b, b, op));
 }
 
+/// In place: several host tensors of one dtype, each reduced with `op` over all
+/// ranks, in one call that treats them as one buffer laid end to end (PyTorch's
+/// allreduce_coalesced). Every rank passes tensors of the same sizes in the same
+/// order (call matching compares the sizes). For communicators that reduce straight
+/// between the tensors (`reduces_coalesced<C>`: the thread backend), which saves
+/// the copies into and out of a staging buffer that reducing them as one would cost
+/// elsewhere. `tensors` (the array, not only their memory) must outlive the call.
+template <communicator C>
+requires reduces_coalesced<C>
+void all_reduce_coalesced(C& comm, std::span<const buffer> tensors, reduce_op op = reduce_op::sum,
+                          call_stamp stamp = {}) {
+    detail::stamp_onto(comm, stamp)
+        .execute(detail::all_reduce_coalesced_call(detail::site(comm, operation::all_reduce),
+                                                   tensors, op));
+}
+/// Non-blocking all_reduce_coalesced; `tensors` must outlive the request.
+template <communicator C>
+requires reduces_coalesced<C>
+[[nodiscard]] typename C::request_type all_reduce_coalesced_async(C& comm,
+                                                                  std::span<const buffer> tensors,
+                                                                  reduce_op op = reduce_op::sum,
+                                                                  call_stamp stamp = {}) {
+    return detail::stamp_onto(comm, stamp)
+        .submit(detail::all_reduce_coalesced_call(detail::site(comm, operation::all_reduce),
+                                                  tensors, op));
+}
+
 // ------------------------------------------------------------ reduce_scatter
 
 /// `in` (size * n elements) reduced over all ranks; this rank receives block

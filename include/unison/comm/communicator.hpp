@@ -66,6 +66,18 @@ inline constexpr bool moves_host_memory = true;
 template <device_communicator C>
 inline constexpr bool moves_host_memory<C> = C::moves_host_memory;
 
+/// Whether communicator `C` reduces several host tensors in place as one buffer,
+/// straight between them (all_reduce_coalesced): no staging copy in and out. A
+/// backend says so with `static constexpr bool reduces_coalesced = true` (the thread
+/// backend, whose ranks read each other's memory); the others do not.
+template <class C>
+inline constexpr bool reduces_coalesced = false;
+template <class C>
+requires requires {
+    C::reduces_coalesced;
+}
+inline constexpr bool reduces_coalesced<C> = C::reduces_coalesced;
+
 /// Waits for every request in `requests`, in order; the first error is rethrown
 /// after all the others have been waited on, so no operation is left in flight.
 template <request R>

@@ -128,6 +128,9 @@ public:
     }
     /// Moves host memory always, device memory once attached (device_communicator).
     static constexpr bool moves_host_memory = true;
+    /// Reduces host tensors in place between the ranks' own memory
+    /// (all_reduce_coalesced).
+    static constexpr bool reduces_coalesced = true;
     /// The CUDA stream (a cudaStream_t) this rank's device collectives run on, or
     /// null when no device is attached.
     void* device_stream() const noexcept {

@@ -27,6 +27,8 @@ public:
     /// Those of `C`, when it is a device_communicator (so a decorated NCCL or
     /// GPU-attached thread communicator still carries its device state).
     static constexpr bool moves_host_memory = unison::moves_host_memory<C>;
+    /// Whether `C` does (all_reduce_coalesced).
+    static constexpr bool reduces_coalesced = unison::reduces_coalesced<C>;
     void* device_stream() const noexcept requires device_communicator<C> {
         return inner_->device_stream();
     }

@@ -22,9 +22,11 @@ struct call_signature {
     std::uint64_t reduction = 0;
     std::uint64_t root = 0;
     std::uint64_t count = 0;
-    std::uint64_t counts_hash = 0; ///< all_gatherv: FNV-1a of the counts list
-    std::uint64_t tag = 0;         ///< what a collective belongs to (collective_call::tag)
-    std::uint64_t step = 0;        ///< the caller's step (collective_call::step)
+    /// all_gatherv: FNV-1a of the counts list; coalesced all_reduce: of the pieces'
+    /// counts
+    std::uint64_t counts_hash = 0;
+    std::uint64_t tag = 0;  ///< what a collective belongs to (collective_call::tag)
+    std::uint64_t step = 0; ///< the caller's step (collective_call::step)
 };
 
 inline call_signature signature_of(const collective_call& c) {
@@ -47,6 +49,13 @@ inline call_signature signature_of(const collective_call& c) {
             h = (h ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
         }
         s.counts_hash = h ^ c.counts.size();
+    } else if (c.op == operation::all_reduce && !c.pieces.empty()) {
+        // Two ranks whose pieces have one total but other sizes would mix elements.
+        std::uint64_t h = 1469598103934665603ull;
+        for (const buffer& p : c.pieces) {
+            h = (h ^ static_cast<std::uint64_t>(p.count)) * 1099511628211ull;
+        }
+        s.counts_hash = h ^ c.pieces.size();
     }
     return s;
 }
@@ -85,7 +94,8 @@ inline void check_signature(int rank, const std::string& label, int ref_rank,
         b = std::to_string(theirs.root);
     } else if (theirs.counts_hash != ref.counts_hash) {
         field = "counts";
-        a = "one counts list";
+        const bool pieces = static_cast<operation>(ref.op) == operation::all_reduce;
+        a = pieces ? "one list of piece sizes" : "one counts list";
         b = "a different one";
     } else if (theirs.tag != ref.tag) {
         field = "tag";

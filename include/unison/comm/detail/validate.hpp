@@ -8,9 +8,13 @@
 #include "unison/comm/collective.hpp"
 #include "unison/core/error.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace unison::detail {
 
@@ -100,6 +104,52 @@ inline collective_call all_reduce_call(call_site site, const_buffer in, buffer o
         check_disjoint(site, in, out);
     }
     return {operation::all_reduce, in.data, out.data, in.count, {}, in.type, op, 0, 0, in.location};
+}
+
+/// A coalesced all_reduce: `pieces`, in place, reduced as one buffer laid end to end.
+inline collective_call all_reduce_coalesced_call(call_site site, std::span<const buffer> pieces,
+                                                 reduce_op op) {
+    if (pieces.empty()) {
+        site.fail("all_reduce_coalesced needs at least one tensor");
+    }
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+        const buffer& p = pieces[i];
+        const std::string which = "tensor " + std::to_string(i);
+        if (p.type != pieces[0].type) {
+            site.fail(which + " is " + std::string(to_string(p.type)) + " and tensor 0 " +
+                      std::string(to_string(pieces[0].type)) +
+                      ": a coalesced all_reduce reduces one dtype");
+        }
+        if (!p.location.is_host()) {
+            site.fail(which + " is on " + to_string(p.location) +
+                      ": a coalesced all_reduce moves host memory");
+        }
+        check_buffer(site, which.c_str(), p.data, p.count);
+        total += p.count;
+    }
+    check_reduction(site, pieces[0].type, op);
+    // Overlapping tensors would be read after being written: sort by address once.
+    std::vector<std::pair<const std::byte*, const std::byte*>> spans;
+    spans.reserve(pieces.size());
+    const std::size_t es = size_of(pieces[0].type);
+    for (const buffer& p : pieces) {
+        if (p.count != 0) {
+            const auto* b = static_cast<const std::byte*>(p.data);
+            spans.emplace_back(b, b + p.count * es);
+        }
+    }
+    std::sort(spans.begin(), spans.end());
+    for (std::size_t i = 1; i < spans.size(); ++i) {
+        if (spans[i].first < spans[i - 1].second) {
+            site.fail("two of the tensors overlap in memory");
+        }
+    }
+    collective_call c{
+        operation::all_reduce, pieces[0].data, pieces[0].data, total, {}, pieces[0].type, op, 0, 0,
+        device::host()};
+    c.pieces = pieces;
+    return c;
 }
 
 inline collective_call reduce_scatter_call(call_site site, const_buffer in, buffer out,

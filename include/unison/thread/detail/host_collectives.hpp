@@ -43,6 +43,10 @@ public:
         const int divisor = call.reduction == reduce_op::avg ? n : 1;
         switch (call.op) {
         case operation::all_reduce:
+            if (!call.pieces.empty()) {
+                return move_coalesced(group, rank, call, seq);
+            }
+            [[fallthrough]];
         case operation::reduce: {
             // Reduce my share of everyone's input and write it to every output (all_reduce)
             // or to the root's (reduce).
@@ -104,6 +108,33 @@ public:
     }
 
 private:
+    /// A coalesced all_reduce: my share of the pieces laid end to end, reduced in
+    /// place between every rank's own pieces (the same sizes on every rank, which
+    /// call matching checked), piece by piece where the share crosses them.
+    void move_coalesced(thread_group& group, int rank, const collective_call& call,
+                        std::uint64_t seq) {
+        const int n = group.size;
+        const std::size_t es = size_of(call.type);
+        const int divisor = call.reduction == reduce_op::avg ? n : 1;
+        std::size_t lo = 0, hi = 0;
+        share(call.count, es, n, rank, lo, hi);
+        std::size_t start = 0; // of piece k, in elements of the whole
+        for (std::size_t k = 0; k < call.pieces.size() && start < hi; ++k) {
+            const std::size_t count = call.pieces[k].count;
+            const std::size_t a = std::max(lo, start), b = std::min(hi, start + count);
+            if (a < b) {
+                for (int q = 0; q < n; ++q) {
+                    void* p = at(group.entry(seq, q).call.pieces[k].data, a - start, es);
+                    inputs_[static_cast<std::size_t>(q)] = p;
+                    outputs_[static_cast<std::size_t>(q)] = p;
+                }
+                host_reduce(call.type, call.reduction, inputs_.data(), n, outputs_.data(), n, b - a,
+                            divisor, false);
+            }
+            start += count;
+        }
+    }
+
     /// Out-of-place outputs at least this large are written with non-temporal stores:
     /// they exceed the caches, and skipping the destination's read-for-ownership saves
     /// a third of the memory traffic. In place, the lines were just read and are in

@@ -1,0 +1,142 @@
+// all_reduce_coalesced on the thread backend: several tensors reduced in place as
+// one buffer, at 1 to 4 ranks, against a serial reduction in double precision on
+// random data (piece sizes from 0 up, crossing the ranks' shares anywhere); pieces
+// whose sizes differ across ranks with one total are a mismatch on every rank with
+// nothing written; invalid pieces are refused before anything moves.
+
+#include "support/reference.hpp"
+
+#include <unison/thread.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace unison;
+
+/// Sizes of the pieces of round `round`: small and large, zeros among them.
+std::vector<std::size_t> piece_sizes(std::uint64_t round) {
+    std::vector<std::size_t> sizes;
+    const std::size_t pieces = 1 + test::mix(round, 99, 0) % 9;
+    for (std::size_t k = 0; k < pieces; ++k) {
+        const std::uint64_t r = test::mix(round, 98, k);
+        sizes.push_back(r % 5 == 0 ? 0 : r % 3 == 0 ? 1 + r % 7 : r % 5000);
+    }
+    return sizes;
+}
+
+/// Rank `rank`'s element `i` of piece `k` in round `round`, in [-1, 1].
+double value(std::uint64_t round, int rank, std::size_t k, std::size_t i) {
+    return static_cast<double>(test::mix(round * 131 + k, rank, i) % 2001) / 1000.0 - 1.0;
+}
+
+template <class T>
+void reduces_like_serial(reduce_op op) {
+    for (int n = 1; n <= 4; ++n) {
+        for (std::uint64_t round = 0; round < 6; ++round) {
+            CAPTURE(n);
+            CAPTURE(round);
+            const auto sizes = piece_sizes(round + 10 * static_cast<std::uint64_t>(op));
+            std::vector<std::vector<double>> got(static_cast<std::size_t>(n));
+            thread_world(n).run([&](thread_communicator& comm) {
+                std::vector<std::vector<T>> pieces(sizes.size());
+                std::vector<buffer> views;
+                for (std::size_t k = 0; k < sizes.size(); ++k) {
+                    for (std::size_t i = 0; i < sizes[k]; ++i) {
+                        pieces[k].push_back(static_cast<T>(value(round, comm.rank(), k, i)));
+                    }
+                    views.push_back(as_buffer(pieces[k]));
+                }
+                if (round % 2 == 0) {
+                    all_reduce_coalesced(comm, std::span<const buffer>(views), op);
+                } else {
+                    auto r = all_reduce_coalesced_async(comm, std::span<const buffer>(views), op);
+                    r.wait();
+                }
+                auto& mine = got[static_cast<std::size_t>(comm.rank())];
+                for (const auto& p : pieces) {
+                    mine.insert(mine.end(), p.begin(), p.end());
+                }
+            });
+            std::size_t at = 0;
+            for (std::size_t k = 0; k < sizes.size(); ++k) {
+                for (std::size_t i = 0; i < sizes[k]; ++i, ++at) {
+                    double want = op == reduce_op::max ? -2.0 : 0.0;
+                    for (int r = 0; r < n; ++r) {
+                        // the inputs as the ranks held them, in T
+                        const double v = static_cast<double>(static_cast<T>(value(round, r, k, i)));
+                        want = op == reduce_op::max ? std::max(want, v) : want + v;
+                    }
+                    if (op == reduce_op::avg) {
+                        want /= n;
+                    }
+                    for (int r = 0; r < n; ++r) {
+                        const double g = got[static_cast<std::size_t>(r)][at];
+                        if (std::abs(g - want) > 1e-6 * (1 + std::abs(want))) {
+                            FAIL("rank " << r << " piece " << k << "[" << i << "] = " << g
+                                         << ", expected " << want);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+} // namespace
+
+TEST_CASE("thread: all_reduce_coalesced equals a serial reduction, 1-4 ranks") {
+    reduces_like_serial<float>(reduce_op::sum);
+    reduces_like_serial<double>(reduce_op::avg);
+    reduces_like_serial<float>(reduce_op::max);
+}
+
+TEST_CASE("thread: all_reduce_coalesced with other piece sizes on one rank is a mismatch, "
+          "nothing written") {
+    thread_world(3).run([](thread_communicator& comm) {
+        // Same total (300) everywhere; rank 2 splits it differently.
+        std::vector<float> a(comm.rank() == 2 ? 100 : 200, 1.0f + comm.rank());
+        std::vector<float> b(comm.rank() == 2 ? 200 : 100, 2.0f + comm.rank());
+        const std::vector<float> a0 = a, b0 = b;
+        const std::vector<buffer> views{as_buffer(a), as_buffer(b)};
+        try {
+            all_reduce_coalesced(comm, std::span<const buffer>(views));
+            FAIL("no error");
+        } catch (const mismatch_error& e) {
+            CHECK(e.field() == "counts");
+            CHECK(std::string(e.what()).find("piece sizes") != std::string::npos);
+        }
+        CHECK(a == a0);
+        CHECK(b == b0);
+        // and the communicator still works
+        std::vector<float> c(10, 1.0f);
+        all_reduce(comm, c);
+        CHECK(c[9] == 3.0f);
+    });
+}
+
+TEST_CASE("thread: all_reduce_coalesced refuses overlapping pieces and mixed dtypes, then "
+          "works") {
+    thread_world(2).run([](thread_communicator& comm) {
+        std::vector<float> a(100, 1.0f);
+        std::vector<double> d(10, 1.0);
+        const std::vector<buffer> overlap{buffer{a.data(), 60, dtype::f32},
+                                          buffer{a.data() + 50, 50, dtype::f32}};
+        CHECK_THROWS_WITH_AS(all_reduce_coalesced(comm, std::span<const buffer>(overlap)),
+                             doctest::Contains("overlap"), argument_error);
+        const std::vector<buffer> mixed{as_buffer(a), as_buffer(d)};
+        CHECK_THROWS_WITH_AS(all_reduce_coalesced(comm, std::span<const buffer>(mixed)),
+                             doctest::Contains("tensor 1 is double and tensor 0 float"),
+                             argument_error);
+        const std::vector<buffer> fine{buffer{a.data(), 50, dtype::f32},
+                                       buffer{a.data() + 50, 50, dtype::f32}};
+        all_reduce_coalesced(comm, std::span<const buffer>(fine));
+        CHECK(a[0] == 2.0f);
+        CHECK(a[99] == 2.0f);
+    });
+}
