@@ -2,10 +2,13 @@
 // one buffer, at 1 to 4 ranks, against a serial reduction in double precision on
 // random data (piece sizes from 0 up, crossing the ranks' shares anywhere); pieces
 // whose sizes differ across ranks with one total are a mismatch on every rank with
-// nothing written; invalid pieces are refused before anything moves.
+// nothing written; invalid pieces are refused before anything moves. And DDP's
+// copying reducer, which reduces straight between the gradients through it, against
+// the same reducer packing into buckets.
 
 #include "support/reference.hpp"
 
+#include <unison/ddp.hpp>
 #include <unison/thread.hpp>
 
 #include <doctest/doctest.h>
@@ -139,4 +142,82 @@ TEST_CASE("thread: all_reduce_coalesced refuses overlapping pieces and mixed dty
         CHECK(a[0] == 2.0f);
         CHECK(a[99] == 2.0f);
     });
+}
+
+namespace {
+
+/// The default hook under another type: the reducer then packs into buckets.
+struct packing_hook : all_reduce_hook {};
+
+/// Trains `steps` synchronizations of random gradients through a ddp reducer with
+/// `Hook` on `n` ranks; returns rank 0's gradients after each.
+template <class... Policies>
+std::vector<std::vector<float>> synchronize(int n, bool expect_coalesced, ddp_options options) {
+    const std::vector<std::size_t> sizes = {4097, 1, 300, 65536, 33, 0, 1000};
+    std::vector<std::vector<float>> out;
+    thread_world(n).run([&](thread_communicator& comm) {
+        std::vector<std::vector<float>> grads(sizes.size());
+        bucketed_reducer<thread_communicator, Policies...> reducer(comm, options);
+        for (std::size_t g = 0; g < sizes.size(); ++g) {
+            grads[g].assign(sizes[g], 0.0f);
+            reducer.add(grads[g]);
+        }
+        reducer.start();
+        CHECK(reducer.coalesced() == expect_coalesced);
+        for (int step = 0; step < 4; ++step) {
+            for (std::size_t g = 0; g < sizes.size(); ++g) {
+                if (step == 2 && g == 4) {
+                    continue; // unused this step: reduced as zero
+                }
+                for (std::size_t i = 0; i < sizes[g]; ++i) {
+                    grads[g][i] = static_cast<float>(
+                        value(static_cast<std::uint64_t>(step), comm.rank(), g, i));
+                }
+                reducer.mark_ready(g);
+            }
+            reducer.finish();
+            if (comm.rank() == 0) {
+                std::vector<float> all;
+                for (const auto& g : grads) {
+                    all.insert(all.end(), g.begin(), g.end());
+                }
+                out.push_back(all);
+            }
+        }
+    });
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("ddp: the copying reducer reduces between the gradients on threads, as packing does") {
+    for (int n = 1; n <= 4; ++n) {
+        for (const bool average : {true, false}) {
+            for (const double predivide : {1.0, 2.0}) {
+                CAPTURE(n);
+                CAPTURE(average);
+                CAPTURE(predivide);
+                ddp_options o;
+                o.bucket_bytes = 64 * 1024; // several buckets
+                o.first_bucket_bytes = 8 * 1024;
+                o.average = average;
+                o.predivide_factor = predivide;
+                const auto fused = synchronize<>(n, true, o);
+                const auto packed = synchronize<policy::comm_hook<packing_hook>>(n, false, o);
+                REQUIRE(fused.size() == packed.size());
+                for (std::size_t s = 0; s < fused.size(); ++s) {
+                    REQUIRE(fused[s].size() == packed[s].size());
+                    for (std::size_t i = 0; i < fused[s].size(); ++i) {
+                        const float a = fused[s][i], b = packed[s][i];
+                        if (std::abs(a - b) > 1e-6f * (1 + std::abs(b))) {
+                            FAIL("step " << s << " element " << i << ": " << a << " vs " << b);
+                        }
+                    }
+                    if (n == 2 || n == 4 || n == 1) {
+                        CHECK(fused[s] == packed[s]); // dividing by a power of two is exact
+                    }
+                }
+            }
+        }
+    }
 }

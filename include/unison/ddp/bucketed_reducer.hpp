@@ -171,6 +171,12 @@ public:
         }
         check_placement();
         verify_layout();
+        coalesced_ = false;
+        if constexpr (coalescing) {
+            coalesced_ = !place_.on_device() && location().is_host() &&
+                         std::all_of(entries_.begin(), entries_.end(),
+                                     [](const entry& e) { return e.grad.type == e.bucket_type; });
+        }
         std::vector<std::size_t> order(entries_.size());
         for (std::size_t k = 0; k < order.size(); ++k) {
             order[k] = order.size() - 1 - k;
@@ -378,6 +384,10 @@ public:
     /// Backward passes finished (finish() calls, accumulating ones included).
     std::uint64_t passes() const noexcept { return stamped_.step(); }
 
+    /// Whether the buckets reduce straight between the gradients, with no bucket
+    /// memory and no copies in or out (see `coalescing`); known after start().
+    bool coalesced() const noexcept { return coalesced_; }
+
     /// Where the gradients live (host, or the CUDA device of all of them).
     device location() const noexcept {
         return entries_.empty() ? device::host() : entries_.front().grad.location;
@@ -386,6 +396,17 @@ public:
     const detail::placement& placement() const noexcept { return place_; }
 
 private:
+    /// Copied gradients with the default hook, over a communicator that reduces
+    /// tensors in place as one buffer (all_reduce_coalesced: the thread backend): a
+    /// bucket is then reduced straight between its gradients, so neither the copy
+    /// into the bucket nor the one back (with the division, fused into the reduction
+    /// as avg where it is one) costs a pass over memory, and buckets need no memory
+    /// of their own. Host gradients each already in the reduce dtype only; the
+    /// others are packed as before. Hooks see a bucket, so a custom hook packs too.
+    static constexpr bool coalescing = !config::gradient_memory::in_buckets &&
+                                       std::is_same_v<hook_type, all_reduce_hook> &&
+                                       reduces_coalesced<step_communicator_type>;
+
     struct entry {
         buffer grad;
         std::string name;
@@ -408,7 +429,9 @@ private:
         detail::flat_buffer storage; ///< where the gradients are
         std::vector<device_plans> plans;
         std::size_t pending = 0;
-        bool any_zero = false; ///< a member contributes zero this step
+        bool any_zero = false;      ///< a member contributes zero this step
+        bool averaged = false;      ///< reduced with avg: nothing left to divide
+        std::vector<buffer> pieces; ///< coalesced: the members' gradients, in order
         std::optional<request_type> request;
         std::byte* data() const noexcept { return storage.data(); }
     };
@@ -475,6 +498,14 @@ private:
             // Packed per bucket at launch (one kernel); zeros written then too.
             buckets_[e.bucket].any_zero = buckets_[e.bucket].any_zero || zero;
             e.zero = zero;
+        } else if (coalesced_) {
+            // Reduced where it is; the result overwrites it in any case.
+            if (zero) {
+                detail::fill_zero(e.grad.data, e.grad.type, e.grad.count);
+            } else if (pre_scale() != 1.0) {
+                detail::convert_scale(e.grad.data, e.grad.type, e.grad.data, e.grad.type,
+                                      e.grad.count, pre_scale());
+            }
         } else if (zero) {
             detail::fill_zero(dst, e.bucket_type, e.grad.count);
         } else if constexpr (config::gradient_memory::in_buckets) {
@@ -492,12 +523,51 @@ private:
     void launch_ready_buckets() {
         while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
             const std::size_t k = next_launch_++;
+            if constexpr (coalescing) {
+                if (coalesced_) {
+                    launch_coalesced(buckets_[k]);
+                    continue;
+                }
+            }
+            if constexpr (config::gradient_memory::in_buckets &&
+                          std::is_same_v<hook_type, all_reduce_hook>) {
+                if (!place_.on_device()) {
+                    // The default hook's sum with the division fused in, where it is
+                    // by the number of ranks alone: no pass over the bucket after.
+                    bucket& b = buckets_[k];
+                    b.averaged = divides_by_size();
+                    b.request = all_reduce_async(stamped_, ref(k).data,
+                                                 b.averaged ? reduce_op::avg : reduce_op::sum);
+                    continue;
+                }
+            }
             if (place_.on_device()) {
                 pack_on_device(k);
             }
             request_type r = hook_.launch(stamped_, ref(k));
             buckets_[k].request = std::move(r);
         }
+    }
+
+    /// The bucket's gradients, reduced in place as one buffer; with avg when the
+    /// division after it would be by the number of ranks alone.
+    void launch_coalesced(bucket& b) {
+        if constexpr (coalescing) {
+            b.pieces.clear();
+            for (std::size_t g : b.members) {
+                b.pieces.push_back(entries_[g].grad);
+            }
+            b.averaged = divides_by_size();
+            b.request = all_reduce_coalesced_async(stamped_, std::span<const buffer>(b.pieces),
+                                                   b.averaged ? reduce_op::avg : reduce_op::sum);
+        }
+    }
+
+    /// Whether this step's division after the sum is by the number of ranks alone,
+    /// which a reduction with avg does in the same pass.
+    bool divides_by_size() const noexcept {
+        return options_.average && options_.predivide_factor == 1.0 &&
+               averaging_divisor() == static_cast<double>(comm_->size());
     }
 
     /// Drives progress of the oldest reductions in flight (MPI progresses inside test()).
@@ -512,11 +582,19 @@ private:
             unpack_on_device(b, post);
             return;
         }
+        if (coalesced_) {
+            if (!b.averaged && post != 1.0) {
+                for (const buffer& g : b.pieces) {
+                    detail::convert_scale(g.data, g.type, g.data, g.type, g.count, post);
+                }
+            }
+            return;
+        }
         for (std::size_t g : b.members) {
             entry& e = entries_[g];
             void* src = slot(e);
             if constexpr (config::gradient_memory::in_buckets) {
-                if (post != 1.0) {
+                if (post != 1.0 && !b.averaged) {
                     detail::convert_scale(src, e.bucket_type, src, e.bucket_type, e.grad.count,
                                           post);
                 }
@@ -565,7 +643,9 @@ private:
                 placed[g].offset = b.count;
                 b.count += entries_[g].grad.count;
             }
-            b.storage = detail::flat_buffer(b.count * size_of(b.type), place_);
+            if (!coalesced_) {
+                b.storage = detail::flat_buffer(b.count * size_of(b.type), place_);
+            }
             b.pending = b.members.size();
         }
         if (carry_values) {
@@ -730,6 +810,7 @@ private:
     std::vector<entry> entries_;
     std::vector<bucket> buckets_;
     std::vector<std::size_t> ready_order_;
+    bool coalesced_ = false; ///< see `coalescing`; decided at start()
     std::size_t next_launch_ = 0;
     std::size_t next_poll_ = 0;
     int micro_step_ = 0;
