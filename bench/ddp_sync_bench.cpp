@@ -22,11 +22,13 @@
 ///                   first 1 MiB): gradients copied into buckets and back
 ///   bucketed-view   the same with policy::gradients_in_buckets (gradients live in
 ///                   the buckets, nothing is copied)
-///   per-tensor      one all_reduce_async per gradient in backward order, then
-///                   wait_all, then each gradient divided by the number of ranks
-///   flat            one all_reduce_async of all gradients at once (they are
-///                   contiguous here), then the division: one call, no copies, no
-///                   overlap -- what the bytes alone cost
+///   per-tensor      one all_reduce_async (avg) per gradient in backward order, then
+///                   wait_all
+///   flat            one all_reduce_async (avg) of all gradients at once (they are
+///                   contiguous here): one call, no copies, no overlap -- what the
+///                   bytes alone cost
+/// (avg: the backend's average, the division fused into the reduction on threads,
+/// a sum and a division pass under MPI, as in the bucketed modes.)
 ///   sweep           bucketed with bucket sizes from -s (first bucket 1 MiB, or the
 ///                   bucket size when that is smaller)
 ///   raw-per-tensor  (MPI) blocking MPI_Allreduce in place per gradient, backward
@@ -429,13 +431,9 @@ public:
     void sync() {
         requests_.clear();
         for (std::size_t i = grads_.size(); i-- > 0;) {
-            requests_.push_back(all_reduce_async(comm_, grads_[i]));
+            requests_.push_back(all_reduce_async(comm_, grads_[i], reduce_op::avg));
         }
         wait_all(std::span<typename Comm::request_type>(requests_));
-        const float inverse = 1.0f / static_cast<float>(comm_.size());
-        for (std::size_t i = grads_.size(); i-- > 0;) {
-            scale(grads_[i], inverse);
-        }
     }
 
     std::size_t calls() const { return grads_.size(); }
@@ -454,10 +452,7 @@ public:
 
     std::span<float> grad(std::size_t i) { return grads_[i]; }
 
-    void sync() {
-        all_reduce_async(comm_, grads_.all()).wait();
-        scale(grads_.all(), 1.0f / static_cast<float>(comm_.size()));
-    }
+    void sync() { all_reduce_async(comm_, grads_.all(), reduce_op::avg).wait(); }
 
     std::size_t calls() const { return 1; }
     std::vector<std::size_t> bucket_bytes() const { return {}; }
