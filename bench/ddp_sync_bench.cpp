@@ -20,6 +20,10 @@
 /// Modes:
 ///   bucketed        bucketed_reducer with its default options (25 MiB buckets, the
 ///                   first 1 MiB): gradients copied into buckets and back
+///                   where the backend cannot reduce between them (on threads it
+///                   does: nothing is copied, see bucketed_reducer::coalesced)
+///   bucketed-packing the same, made to pack on every backend (a hook other than the
+///                   default): what the copies cost
 ///   bucketed-view   the same with policy::gradients_in_buckets (gradients live in
 ///                   the buckets, nothing is copied)
 ///   per-tensor      one all_reduce_async (avg) per gradient in backward order, then
@@ -81,6 +85,7 @@ constexpr std::size_t mib = std::size_t{1} << 20;
 
 enum class mode_kind : std::uint8_t {
     bucketed,
+    bucketed_packing,
     bucketed_view,
     per_tensor,
     flat,
@@ -89,14 +94,17 @@ enum class mode_kind : std::uint8_t {
     raw_flat
 };
 
-constexpr mode_kind all_modes[] = {
-    mode_kind::bucketed, mode_kind::bucketed_view,  mode_kind::per_tensor, mode_kind::flat,
-    mode_kind::sweep,    mode_kind::raw_per_tensor, mode_kind::raw_flat};
+constexpr mode_kind all_modes[] = {mode_kind::bucketed,       mode_kind::bucketed_packing,
+                                   mode_kind::bucketed_view,  mode_kind::per_tensor,
+                                   mode_kind::flat,           mode_kind::sweep,
+                                   mode_kind::raw_per_tensor, mode_kind::raw_flat};
 
 constexpr std::string_view to_string(mode_kind m) noexcept {
     switch (m) {
     case mode_kind::bucketed:
         return "bucketed";
+    case mode_kind::bucketed_packing:
+        return "bucketed-packing";
     case mode_kind::bucketed_view:
         return "bucketed-view";
     case mode_kind::per_tensor:
@@ -152,8 +160,9 @@ and minimum over -n iterations. GB/s = gradient bytes / median time.
   -w, --warmup_iters <n>     untimed synchronizations before them; the bucketed
                              modes rebuild their buckets after the first [5]
   -m, --modes <list>         comma-separated, run in this order: bucketed,
-                             bucketed-view, per-tensor, flat, sweep, and with
-                             -B mpi raw-per-tensor, raw-flat [all of them]
+                             bucketed-packing, bucketed-view, per-tensor, flat,
+                             sweep, and with -B mpi raw-per-tensor, raw-flat
+                             [all of them]
   -s, --sweep <list>         bucket sizes of the sweep, MiB [1,2,4,8,16,25,32,64]
       --shapes <file>        the parameter list, in model_shapes.json's format
                              [the model_shapes.json built in]
@@ -221,8 +230,9 @@ ddp_bench_config parse_command_line(int argc, const char* const* argv) {
                                              [&](mode_kind k) { return to_string(k) == item; });
                 if (m == std::end(all_modes)) {
                     throw usage_error("option " + arg + ": '" + std::string(item) +
-                                      "' is not a mode (bucketed, bucketed-view, per-tensor, "
-                                      "flat, sweep, raw-per-tensor, raw-flat)");
+                                      "' is not a mode (bucketed, bucketed-packing, "
+                                      "bucketed-view, per-tensor, flat, sweep, raw-per-tensor, "
+                                      "raw-flat)");
                 }
                 cfg.modes.push_back(*m);
             }
@@ -352,6 +362,10 @@ void scale(std::span<float> g, float s) noexcept {
 // Each mode offers grad(i) (where gradient i lives now), sync() (the timed
 // synchronization), calls() (all-reduces per synchronization) and bucket_bytes()
 // (the bucket sizes, in launch order; empty where there are no buckets).
+
+/// The default hook under another type, which makes the reducer pack into its
+/// buckets where it would otherwise reduce between the gradients.
+struct packing_hook : all_reduce_hook {};
 
 template <communicator Comm, class... Policies>
 class bucketed_mode {
@@ -598,9 +612,9 @@ public:
                         cfg_.iters, cfg_.warmup_iters);
             std::printf("# GB/s: gradient bytes / median time; x bucketed: median / bucketed's "
                         "median\n#\n");
-            std::printf("# %-15s %7s %6s %6s %9s %9s %7s %10s %7s\n", "mode", "bucket", "first",
+            std::printf("# %-17s %7s %6s %6s %9s %9s %7s %10s %7s\n", "mode", "bucket", "first",
                         "calls", "median", "min", "GB/s", "x bucketed", "#wrong");
-            std::printf("# %-15s %7s %6s %6s %9s %9s\n", "", "(MiB)", "(MiB)", "", "(ms)", "(ms)");
+            std::printf("# %-17s %7s %6s %6s %9s %9s\n", "", "(MiB)", "(MiB)", "", "(ms)", "(ms)");
         }
         std::fflush(stdout);
     }
@@ -638,7 +652,7 @@ public:
             }
             std::printf("]}");
         } else {
-            std::printf("  %-15s %7s %6s %6zu %9.2f %9.2f %7.2f %10s %7llu\n", r.mode.c_str(),
+            std::printf("  %-17s %7s %6s %6zu %9.2f %9.2f %7.2f %10s %7llu\n", r.mode.c_str(),
                         mib_text(r.bucket).c_str(), mib_text(r.first_bucket).c_str(), r.calls,
                         r.median * 1e3, r.min * 1e3, gbps,
                         ratio ? detail_ratio(*ratio).c_str() : "-",
@@ -724,6 +738,12 @@ std::uint64_t run_rank(Comm& comm, const ddp_bench_config& cfg, const model_shap
         switch (k) {
         case mode_kind::bucketed: {
             bucketed_mode<Comm> mode(comm, grads, m, std::nullopt);
+            report(run_mode(comm, cfg, mode, grads.size()), name, mode.bucket(),
+                   mode.first_bucket());
+            break;
+        }
+        case mode_kind::bucketed_packing: {
+            bucketed_mode<Comm, policy::comm_hook<packing_hook>> mode(comm, grads, m, std::nullopt);
             report(run_mode(comm, cfg, mode, grads.size()), name, mode.bucket(),
                    mode.first_bucket());
             break;

@@ -36,7 +36,7 @@ python3 -c 'import matplotlib' 2>/dev/null || python=/usr/bin/python3
     "$out/busbw-mpi.json:unison, MPI backend" --baseline raw-mpi -o "$out/busbw-2-ranks.png"
 echo
 echo "== one DDP gradient synchronization (200 tensors, 25.9 M floats), thread backend, 2 ranks"
-"$ddp_bench" -B thread -m bucketed,bucketed-view,per-tensor,flat -n 10 -w 3
+"$ddp_bench" -B thread -m bucketed,bucketed-packing,bucketed-view,per-tensor,flat -n 10 -w 3
 echo
 echo "== the same, MPI backend, 2 processes"
 bash scripts/mpiexec.sh -n 2 "$ddp_bench" -B mpi -m bucketed,bucketed-view,per-tensor,flat -n 10 -w 3
