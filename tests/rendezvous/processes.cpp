@@ -4,6 +4,8 @@
 // process ids; and when one rank never starts, every rank that did fails within its
 // timeout with an error naming the missing rank.
 
+#include "support/environment.hpp"
+
 #include <unison/rendezvous.hpp>
 
 #include <doctest/doctest.h>
@@ -26,17 +28,7 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-std::uint16_t unused_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    socklen_t n = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-    ::close(fd);
-    return ntohs(a.sin_port);
-}
+using unison::test::unused_port;
 
 /// What one process printed, and how it ended.
 struct outcome {

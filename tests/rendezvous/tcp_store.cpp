@@ -6,6 +6,8 @@
 // store, a stray client) each with a bounded error that names what was wrong; and
 // store_options::from_env on fake environments (torchrun, Kubernetes).
 
+#include "support/environment.hpp"
+
 #include <unison/rendezvous.hpp>
 
 #include <doctest/doctest.h>
@@ -14,7 +16,6 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
-#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -100,19 +101,6 @@ std::vector<std::byte> random_bytes(std::mt19937& rng, std::size_t n) {
         b = static_cast<std::byte>(rng() & 0xff);
     }
     return v;
-}
-
-/// A port nothing listens on (bound, read, released).
-std::uint16_t free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    socklen_t n = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-    ::close(fd);
-    return ntohs(a.sin_port);
 }
 
 /// A socket listening on a free loopback port, never accepting.
@@ -317,22 +305,35 @@ TEST_CASE("tcp_store: the store refuses a second process with one RANK, and anot
     CHECK_THROWS_AS(tcp_store(at(server, 2, 2)), unison::argument_error); // out of range
 }
 
-TEST_CASE("tcp_store: no store at the address is a bounded error naming the address") {
-    const std::uint16_t port = free_port();
+namespace {
+
+/// what() of the timeout_error that rank 1 of 2 gets joining at `port` (with a
+/// 400 ms timeout), checked to come within a bound.
+std::string join_error(std::uint16_t port) {
     store_options o;
     o.port = port;
     o.rank = 1;
     o.world_size = 2;
     o.timeout = 400ms;
     const auto start = clock_type::now();
+    std::string what;
     try {
         tcp_store store(o);
-        FAIL("joined a store that does not exist");
+        FAIL("joined at port " << port);
     } catch (const unison::timeout_error& e) {
-        CHECK(contains(e.what(), "127.0.0.1:" + std::to_string(port)));
-        CHECK(contains(e.what(), "rank 0, which runs it, has not started"));
+        what = e.what();
     }
     CHECK(clock_type::now() - start < 4s);
+    return what;
+}
+
+} // namespace
+
+TEST_CASE("tcp_store: no store at the address is a bounded error naming the address") {
+    const std::uint16_t port = unison::test::unused_port();
+    const std::string what = join_error(port);
+    CHECK(contains(what, "127.0.0.1:" + std::to_string(port)));
+    CHECK(contains(what, "rank 0, which runs it, has not started"));
 }
 
 TEST_CASE("tcp_store: a port that another program holds cannot be hosted, and says so") {
@@ -351,20 +352,9 @@ TEST_CASE("tcp_store: a port that another program holds cannot be hosted, and sa
 
 TEST_CASE("tcp_store: a listener that is not a store is a bounded error that says so") {
     silent_listener other; // never answers, as another protocol's server might not
-    store_options o;
-    o.port = other.port;
-    o.rank = 1;
-    o.world_size = 2;
-    o.timeout = 400ms;
-    const auto start = clock_type::now();
-    try {
-        tcp_store store(o);
-        FAIL("joined a listener that is not a store");
-    } catch (const unison::timeout_error& e) {
-        CHECK(contains(e.what(), "no answer to this rank's greeting"));
-        CHECK(contains(e.what(), "another program"));
-    }
-    CHECK(clock_type::now() - start < 4s);
+    const std::string what = join_error(other.port);
+    CHECK(contains(what, "no answer to this rank's greeting"));
+    CHECK(contains(what, "another program"));
 }
 
 TEST_CASE("tcp_store: a stray client speaking another protocol does not disturb the store") {
@@ -421,13 +411,7 @@ TEST_CASE("tcp_store: the local rank is this rank's place among the ranks on its
 
 namespace {
 
-struct fake_env {
-    std::map<std::string, std::string, std::less<>> vars;
-    const char* operator()(const char* name) const {
-        const auto it = vars.find(name);
-        return it == vars.end() ? nullptr : it->second.c_str();
-    }
-};
+using unison::test::fake_env;
 
 std::string from_env_error(const fake_env& env) {
     try {
@@ -441,10 +425,10 @@ std::string from_env_error(const fake_env& env) {
 } // namespace
 
 TEST_CASE("store_options::from_env: torchrun, Kubernetes and what is missing") {
-    const fake_env kubernetes{{{"RANK", "3"},
-                               {"WORLD_SIZE", "8"},
-                               {"MASTER_ADDR", "job-master-0"},
-                               {"MASTER_PORT", "23456"}}};
+    const fake_env kubernetes{{"RANK", "3"},
+                              {"WORLD_SIZE", "8"},
+                              {"MASTER_ADDR", "job-master-0"},
+                              {"MASTER_PORT", "23456"}};
     SUBCASE("Kubernetes: RANK, WORLD_SIZE and MASTER_PORT as they are") {
         const store_options o = store_options::from_env(kubernetes);
         CHECK(o.rank == 3);
@@ -486,7 +470,7 @@ TEST_CASE("store_options::from_env: torchrun, Kubernetes and what is missing") {
         env = kubernetes;
         env.vars["UNISON_STORE_PORT"] = "http";
         CHECK(contains(from_env_error(env), "UNISON_STORE_PORT='http'"));
-        CHECK(contains(from_env_error(fake_env{{{"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}}),
+        CHECK(contains(from_env_error(fake_env{{"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}),
                        "RANK and WORLD_SIZE are not set"));
     }
 }

@@ -2,6 +2,7 @@
 // Open MPI, Slurm, their precedence, malformed values, and the choice of GPU.
 
 #include "unison/comm/launcher.hpp"
+#include "support/environment.hpp"
 
 #include <doctest/doctest.h>
 
@@ -13,17 +14,7 @@
 
 namespace {
 
-/// A process environment as a map; looked up like std::getenv.
-struct fake_env {
-    std::map<std::string, std::string, std::less<>> vars;
-
-    fake_env(std::initializer_list<std::pair<const std::string, std::string>> v) : vars(v) {}
-
-    const char* operator()(const char* name) const {
-        const auto it = vars.find(name);
-        return it == vars.end() ? nullptr : it->second.c_str();
-    }
-};
+using unison::test::fake_env;
 
 /// what() of the argument_error detect_launch throws for `env`, or "" if it returns.
 std::string launch_error(const fake_env& env) {
