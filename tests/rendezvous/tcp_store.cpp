@@ -23,6 +23,7 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 namespace {
@@ -366,6 +367,8 @@ TEST_CASE("tcp_store: a stray client speaking another protocol does not disturb 
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         a.sin_port = htons(server.port());
         REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+        const timeval limit{5, 0}; // a regression fails here instead of hanging
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
         const std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
         REQUIRE(::send(fd, http.data(), http.size(), 0) == static_cast<ssize_t>(http.size()));
         char c = 0;
@@ -377,6 +380,35 @@ TEST_CASE("tcp_store: a stray client speaking another protocol does not disturb 
         const auto got = store.all_gather("after the stray", bytes_of(std::to_string(rank)));
         CHECK(got[1].size() == 1);
     }));
+}
+
+TEST_CASE("tcp_store: a connection that never says who it is is closed after the idle limit") {
+    tcp_store_server server(0, 2, 300ms);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(server.port());
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const timeval limit{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    const auto start = clock_type::now();
+    char c = 0;
+    CHECK(::recv(fd, &c, 1, 0) == 0); // closed by the store, not by our 5 s limit
+    CHECK(clock_type::now() - start < 3s);
+    ::close(fd);
+}
+
+TEST_CASE("tcp_store: broadcasts from different roots are a mismatch on both ranks") {
+    tcp_store_server server(0, 2);
+    const auto errors = run_ranks(2, [&](int rank) {
+        tcp_store store(at(server, rank, 2, 5s));
+        (void)store.broadcast("weights", bytes_of("mine"), /*root=*/rank);
+    });
+    for (const int rank : {0, 1}) {
+        const std::string what = error_of<unison::mismatch_error>(errors[rank]);
+        CHECK(contains(what, "from rank " + std::to_string(1 - rank)));
+    }
 }
 
 TEST_CASE("tcp_store: one rank hosts its own store, on a port it picks") {

@@ -15,6 +15,8 @@
 #include "unison/rendezvous/detail/protocol.hpp"
 #include "unison/rendezvous/detail/socket.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -35,8 +37,12 @@ namespace unison {
 class tcp_store_server {
 public:
     /// Listens on `port` (0: any free port; see port()) of every interface for a job
-    /// of `world_size` ranks. Throws `error` when the port cannot be bound.
-    tcp_store_server(std::uint16_t port, int world_size) : world_size_(world_size) {
+    /// of `world_size` ranks. A connection that has not said who it is within
+    /// `idle_limit`, or does not take its refusal within it, is closed. Throws
+    /// `error` when the port cannot be bound.
+    tcp_store_server(std::uint16_t port, int world_size,
+                     std::chrono::milliseconds idle_limit = std::chrono::minutes(5))
+        : world_size_(world_size), idle_limit_(idle_limit) {
         if (world_size < 1) {
             throw argument_error(-1, "tcp_store_server",
                                  "world_size " + std::to_string(world_size) + " is not positive");
@@ -100,6 +106,8 @@ private:
         bool closing = false; ///< close once `out` is sent
         bool dead = false;
         int rank = -1;
+        /// Until it has said who it is, and while it is closing: when it is dropped.
+        clock::time_point idle_deadline = clock::time_point::max();
         // The get it waits in, if any.
         bool waiting = false;
         std::uint64_t wait_id = 0;
@@ -121,12 +129,22 @@ private:
             fds.clear();
             ids.clear();
             fds.push_back({wake_read_.get(), POLLIN, 0});
-            fds.push_back({listener_.get(), POLLIN, 0});
             int timeout = -1;
+            auto until = [&](clock::time_point t) {
+                const int left = detail::millis_until(t);
+                timeout = timeout < 0 ? left : std::min(timeout, left);
+            };
+            // Out of descriptors, the listener stays readable: rest it a moment.
+            const bool listening = clock::now() >= listener_resumes_;
+            fds.push_back({listener_.get(), static_cast<short>(listening ? POLLIN : 0), 0});
+            if (!listening) {
+                until(listener_resumes_);
+            }
             for (auto& [id, c] : connections_) {
-                // A peer that hangs up while its get waits must still be noticed.
+                // A peer that hangs up while its get waits must still be noticed; one
+                // that has not taken its last reply is not read (no unbounded queue).
                 short events = hangup_events;
-                if (!c.waiting && !c.closing) {
+                if (!c.waiting && !c.closing && c.out_at >= c.out.size()) {
                     events |= POLLIN;
                 }
                 if (c.out_at < c.out.size()) {
@@ -135,8 +153,10 @@ private:
                 fds.push_back({c.fd.get(), events, 0});
                 ids.push_back(id);
                 if (c.waiting) {
-                    const int left = detail::millis_until(c.deadline);
-                    timeout = timeout < 0 ? left : std::min(timeout, left);
+                    until(c.deadline);
+                }
+                if (c.idle_deadline != clock::time_point::max()) {
+                    until(c.idle_deadline);
                 }
             }
             if (::poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) {
@@ -159,8 +179,11 @@ private:
                 connection& c = it->second;
                 if ((ev & POLLOUT) != 0) {
                     flush(c);
+                    if (c.out_at >= c.out.size() && !c.in.empty()) {
+                        process(ids[i], c); // what it sent while its reply was queued
+                    }
                 }
-                if ((ev & POLLIN) != 0 && !c.waiting && !c.closing) {
+                if ((ev & POLLIN) != 0 && !c.waiting && !c.closing && c.out_at >= c.out.size()) {
                     receive(ids[i], c); // reads the end of the stream too
                 } else if ((ev & (hangup_events | POLLHUP | POLLERR)) != 0) {
                     c.dead = true; // gone: nothing it asked for can be delivered
@@ -180,12 +203,17 @@ private:
             const int fd =
                 ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
             if (fd < 0) {
-                return; // EAGAIN, or out of descriptors: try again on the next poll
+                if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                    errno != ECONNABORTED) {
+                    listener_resumes_ = clock::now() + std::chrono::milliseconds(100);
+                }
+                return;
             }
             detail::set_nodelay(fd);
             connection c;
             c.id = next_id_++;
             c.fd.reset(fd);
+            c.idle_deadline = clock::now() + idle_limit_;
             connections_.emplace(c.id, std::move(c));
         }
     }
@@ -216,7 +244,7 @@ private:
     /// Handles every complete message in `c.in`, stopping at a get that must wait.
     void process(std::uint64_t id, connection& c) {
         std::size_t used = 0;
-        while (!c.waiting && !c.closing && !c.dead) {
+        while (!c.waiting && !c.closing && !c.dead && c.out_at >= c.out.size()) {
             const std::span<const std::byte> rest(c.in.data() + used, c.in.size() - used);
             bool malformed = false;
             if (!c.greeted) {
@@ -239,6 +267,7 @@ private:
                 reply_text(c, detail::store_wire::reply_status::refused,
                            "malformed request (a limit exceeded or an unknown operation)");
                 c.closing = true;
+                c.idle_deadline = clock::now() + idle_limit_;
                 break;
             }
             if (n == 0) {
@@ -274,9 +303,11 @@ private:
         if (!refusal.empty()) {
             reply_text(c, reply_status::refused, refusal);
             c.closing = true;
+            c.idle_deadline = clock::now() + idle_limit_;
             return;
         }
         c.greeted = true;
+        c.idle_deadline = clock::time_point::max();
         c.rank = h.rank;
         peers_[h.rank] = "host " + h.host + ", pid " + std::to_string(h.pid);
         {
@@ -333,15 +364,12 @@ private:
                 data_.erase(k);
             }
             return reply(c, reply_status::ok, std::span<const std::byte>{});
-        case op::get:
+        case op::get: {
             c.wait_keys = std::move(r.keys);
-            c.missing = 0;
             c.wait_id = next_wait_++;
+            c.missing = 0;
             for (const std::string& k : c.wait_keys) {
-                if (data_.find(k) == data_.end()) {
-                    ++c.missing;
-                    watchers_[k].emplace_back(id, c.wait_id);
-                }
+                c.missing += data_.find(k) == data_.end() ? 1 : 0;
             }
             if (c.missing == 0) {
                 return answer_get(c);
@@ -349,9 +377,17 @@ private:
             if (r.argument <= 0) {
                 return answer_missing(c);
             }
+            for (const std::string& k : c.wait_keys) {
+                if (data_.find(k) == data_.end()) {
+                    watchers_[k].emplace_back(id, c.wait_id);
+                }
+            }
             c.waiting = true;
-            c.deadline = clock::now() + std::chrono::milliseconds(r.argument);
+            // A year at most: a larger wait would overflow the clock's arithmetic.
+            const std::int64_t wait = std::min<std::int64_t>(r.argument, max_wait_ms);
+            c.deadline = clock::now() + std::chrono::milliseconds(wait);
             return;
+        }
         }
     }
 
@@ -427,9 +463,32 @@ private:
     void expire_waits() {
         const auto now = clock::now();
         for (auto& [id, c] : connections_) {
+            if (c.idle_deadline <= now) {
+                c.dead = true; // never said who it is, or never took its refusal
+                continue;
+            }
             if (c.waiting && c.deadline <= now) {
+                drop_watchers(c);
                 answer_missing(c);
                 process(id, c);
+            }
+        }
+    }
+
+    /// Removes a get's entries from the watcher lists (its time ran out).
+    void drop_watchers(const connection& c) {
+        for (const std::string& k : c.wait_keys) {
+            const auto w = watchers_.find(k);
+            if (w == watchers_.end()) {
+                continue;
+            }
+            auto& list = w->second;
+            list.erase(std::remove_if(
+                           list.begin(), list.end(),
+                           [&](const auto& e) { return e.first == c.id && e.second == c.wait_id; }),
+                       list.end());
+            if (list.empty()) {
+                watchers_.erase(w);
             }
         }
     }
@@ -475,6 +534,9 @@ private:
                 ++it;
                 continue;
             }
+            if (it->second.waiting) {
+                drop_watchers(it->second);
+            }
             if (it->second.greeted) {
                 std::lock_guard lock(mutex_);
                 ranks_[static_cast<std::size_t>(it->second.rank)] = rank_state::left;
@@ -485,7 +547,11 @@ private:
         }
     }
 
+    static constexpr std::int64_t max_wait_ms = std::int64_t{365} * 24 * 3600 * 1000;
+
     int world_size_;
+    std::chrono::milliseconds idle_limit_;
+    clock::time_point listener_resumes_{};
     std::uint16_t port_ = 0;
     detail::socket_fd listener_;
     detail::socket_fd wake_read_, wake_write_;

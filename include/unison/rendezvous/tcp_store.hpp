@@ -146,6 +146,9 @@ public:
     /// be bound.
     explicit tcp_store(store_options options) : s_(std::make_unique<state>()) {
         s_->options = std::move(options);
+        // A year at most ("forever"): a longer one would overflow the clock's sums.
+        s_->options.timeout =
+            std::min<std::chrono::milliseconds>(s_->options.timeout, std::chrono::hours(24 * 365));
         const store_options& o = s_->options;
         const int rank = o.rank;
         if (o.world_size < 1 || rank < 0 || rank >= o.world_size) {
@@ -158,7 +161,7 @@ public:
         s_->port = o.port;
         if (o.host_server.value_or(rank == 0)) {
             try {
-                s_->server = std::make_unique<tcp_store_server>(o.port, o.world_size);
+                s_->server = std::make_unique<tcp_store_server>(o.port, o.world_size, o.timeout);
             } catch (const error& e) {
                 throw error(rank, "tcp_store",
                             "rank " + std::to_string(rank) + " cannot host the store on port " +
@@ -284,7 +287,7 @@ public:
                                      std::to_string(size()) + " ranks");
         }
         auto v = collective("broadcast", name, value, root);
-        return std::move(v[0]);
+        return std::move(v[static_cast<std::size_t>(root)]);
     }
 
     /// Returns once every rank has called it.
@@ -356,7 +359,8 @@ private:
             n |= static_cast<std::uint64_t>(head[1 + i]) << (8 * i);
         }
         if (n > detail::store_wire::max_value_bytes * 2) {
-            s_->broken = s_->where + " sent a malformed reply";
+            s_->fd.reset(); // the rest of the stream cannot be read in step any more
+            s_->broken = s_->where + " sent a reply too large to take";
             throw error(rank(), what, s_->broken);
         }
         reply out;
@@ -396,6 +400,7 @@ private:
             throw error(rank(), what, "the connection to the store failed earlier: " + s_->broken);
         }
         detail::store_wire::writer w;
+        w.u64(0); // the length of the rest, filled in below
         w.u8(static_cast<std::uint8_t>(op));
         w.u32(static_cast<std::uint32_t>(keys.size()));
         for (const std::string& k : keys) {
@@ -403,6 +408,10 @@ private:
         }
         w.bytes(value);
         w.i64(argument);
+        const std::uint64_t rest = w.buffer().size() - 8;
+        for (int i = 0; i < 8; ++i) {
+            w.buffer()[static_cast<std::size_t>(i)] = static_cast<std::byte>(rest >> (8 * i));
+        }
         send_or_throw(w.buffer(), what);
         // The server answers a waiting get at its own deadline; allow for the trip.
         const auto deadline = detail::store_clock::now() + server_wait + s_->options.timeout;
@@ -600,25 +609,26 @@ private:
             std::lock_guard lock(s_->mutex);
             call_number = s_->calls++;
         }
-        const std::string signature = std::string(kind) + " '" + std::string(name) + "'";
+        // The root is part of the call: ranks that broadcast from different roots
+        // must not each read back their own value.
+        const std::string signature = std::string(kind) + " '" + std::string(name) + "'" +
+                                      (root >= 0 ? " from rank " + std::to_string(root) : "");
         const std::string what = "tcp_store::" + std::string(kind) + " '" + std::string(name) +
                                  "' (store collective #" + std::to_string(call_number) + ")";
         const std::string prefix = "unison/c/" + std::to_string(call_number) + "/";
-        if (root < 0 || root == rank()) {
+        // Every rank publishes its call (and, unless it is not the root of a
+        // broadcast, its value) and reads every rank's, so each checks all the others.
+        {
             detail::store_wire::writer w;
             w.bytes(signature);
-            w.bytes(value);
+            w.bytes(root < 0 || root == rank() ? value : std::span<const std::byte>{});
             call(detail::store_wire::op::set, {prefix + std::to_string(rank())}, w.buffer(), 0,
                  what);
         }
         std::vector<int> from;
-        for (int r = 0; r < size(); ++r) {
-            if (root < 0 || r == root) {
-                from.push_back(r);
-            }
-        }
         std::vector<std::string> keys;
-        for (const int r : from) {
+        for (int r = 0; r < size(); ++r) {
+            from.push_back(r);
             keys.push_back(prefix + std::to_string(r));
         }
         std::vector<std::vector<std::byte>> values;

@@ -7,8 +7,8 @@
 ///   hello   client -> server   u32 magic, u32 version, i32 rank, i32 world size,
 ///                              u64 pid, bytes host name
 ///   welcome server -> client   u8 status (0 ok, else refused), bytes message
-///   request client -> server   u8 op, u32 key count, keys (bytes each),
-///                              bytes value, i64 argument
+///   request client -> server   u64 length of the rest, then u8 op, u32 key count,
+///                              keys (bytes each), bytes value, i64 argument
 ///   reply   server -> client   u8 status, bytes payload
 ///
 /// where "bytes" is a u64 length and the bytes. One request is outstanding per
@@ -165,39 +165,52 @@ struct request {
     std::int64_t argument = 0;
 };
 
+/// The most a request may hold after its length: every key and value at their limit
+/// would be absurd, so the frame is bounded on its own.
+inline constexpr std::uint64_t max_request_bytes = max_value_bytes + (std::uint64_t{64} << 20);
+
 /// Parses one request from the front of `in`. Returns the bytes it took, 0 when `in`
-/// holds only part of one; `malformed` is set when it can never parse (a limit
-/// exceeded, an unknown operation).
+/// holds only part of one (known from its length prefix, so a partial request costs
+/// nothing to look at again); `malformed` is set when it can never parse (a limit
+/// exceeded, an unknown operation, a body that does not fill its frame exactly).
 inline std::size_t parse_request(std::span<const std::byte> in, request& r, bool& malformed) {
-    reader rd(in);
-    std::uint8_t o = 0;
-    std::uint32_t count = 0;
-    if (!rd.u8(o) || !rd.u32(count)) {
+    reader head(in);
+    std::uint64_t length = 0;
+    if (!head.u64(length)) {
         return 0;
     }
-    if (o < static_cast<std::uint8_t>(op::set) || o > static_cast<std::uint8_t>(op::erase) ||
-        count > max_keys) {
+    if (length > max_request_bytes) {
+        malformed = true;
+        return 0;
+    }
+    if (in.size() - head.consumed() < length) {
+        return 0;
+    }
+    reader rd(in.subspan(head.consumed(), static_cast<std::size_t>(length)));
+    std::uint8_t o = 0;
+    std::uint32_t count = 0;
+    if (!rd.u8(o) || !rd.u32(count) || o < static_cast<std::uint8_t>(op::set) ||
+        o > static_cast<std::uint8_t>(op::erase) || count > max_keys) {
         malformed = true;
         return 0;
     }
     r.operation = static_cast<op>(o);
-    r.keys.resize(count);
-    for (std::string& k : r.keys) {
-        if (!rd.string(k, max_key_bytes)) {
-            malformed = rd.too_large();
+    r.keys.clear();
+    for (std::uint32_t k = 0; k < count; ++k) {
+        std::string key;
+        if (!rd.string(key, max_key_bytes)) {
+            malformed = true;
             return 0;
         }
+        r.keys.push_back(std::move(key));
     }
     std::span<const std::byte> value;
-    if (!rd.bytes(value, max_value_bytes)) {
-        malformed = rd.too_large();
-        return 0;
-    }
-    if (!rd.i64(r.argument)) {
+    if (!rd.bytes(value, max_value_bytes) || !rd.i64(r.argument) || rd.consumed() != length) {
+        malformed = true;
         return 0;
     }
     r.value.assign(value.begin(), value.end());
-    return rd.consumed();
+    return head.consumed() + static_cast<std::size_t>(length);
 }
 
 /// A parsed hello.

@@ -245,9 +245,11 @@ inline socket_fd connect_tcp(const std::string& host, std::uint16_t port,
                 if (e == EINPROGRESS) {
                     const io_result r = wait_ready(s.get(), POLLOUT, deadline);
                     socklen_t length = sizeof e;
-                    e = r.status == io_status::timeout ? ETIMEDOUT : 0;
                     if (r.status == io_status::ok) {
+                        e = 0;
                         ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &e, &length);
+                    } else {
+                        e = r.status == io_status::timeout ? ETIMEDOUT : r.error;
                     }
                 }
             }
