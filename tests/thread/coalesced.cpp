@@ -221,3 +221,31 @@ TEST_CASE("ddp: the copying reducer reduces between the gradients on threads, as
         }
     }
 }
+
+TEST_CASE("ddp: a gradient registered twice is packed, not reduced in place twice") {
+    thread_world(2).run([](thread_communicator& comm) {
+        std::vector<float> g(1000), other(10);
+        bucketed_reducer<thread_communicator> reducer(comm);
+        reducer.add(g);
+        reducer.add(other);
+        reducer.add(g); // the same memory again
+        reducer.start();
+        CHECK_FALSE(reducer.coalesced());
+        for (std::size_t i = 0; i < g.size(); ++i) {
+            g[i] = static_cast<float>(value(5, comm.rank(), 0, i));
+        }
+        for (std::size_t i = 0; i < other.size(); ++i) {
+            other[i] = 1.0f + static_cast<float>(comm.rank());
+        }
+        for (std::size_t k = 0; k < 3; ++k) {
+            reducer.mark_ready(k);
+        }
+        reducer.finish();
+        for (std::size_t i = 0; i < g.size(); ++i) {
+            const double want = 0.5 * (static_cast<double>(static_cast<float>(value(5, 0, 0, i))) +
+                                       static_cast<double>(static_cast<float>(value(5, 1, 0, i))));
+            REQUIRE(std::abs(g[i] - want) <= 1e-6 * (1 + std::abs(want)));
+        }
+        CHECK(other[0] == 1.5f);
+    });
+}

@@ -175,7 +175,8 @@ public:
         if constexpr (coalescing) {
             coalesced_ = !place_.on_device() && location().is_host() &&
                          std::all_of(entries_.begin(), entries_.end(),
-                                     [](const entry& e) { return e.grad.type == e.bucket_type; });
+                                     [](const entry& e) { return e.grad.type == e.bucket_type; }) &&
+                         !gradients_overlap();
         }
         std::vector<std::size_t> order(entries_.size());
         for (std::size_t k = 0; k < order.size(); ++k) {
@@ -493,7 +494,6 @@ private:
         if (!rebuilt_) {
             ready_order_.push_back(i);
         }
-        void* dst = slot(e);
         if (place_.on_device()) {
             // Packed per bucket at launch (one kernel); zeros written then too.
             buckets_[e.bucket].any_zero = buckets_[e.bucket].any_zero || zero;
@@ -507,14 +507,14 @@ private:
                                       e.grad.count, pre_scale());
             }
         } else if (zero) {
-            detail::fill_zero(dst, e.bucket_type, e.grad.count);
+            detail::fill_zero(slot(e), e.bucket_type, e.grad.count);
         } else if constexpr (config::gradient_memory::in_buckets) {
             if (pre_scale() != 1.0) {
-                detail::convert_scale(dst, e.bucket_type, dst, e.bucket_type, e.grad.count,
+                detail::convert_scale(slot(e), e.bucket_type, slot(e), e.bucket_type, e.grad.count,
                                       pre_scale());
             }
         } else {
-            detail::convert_scale(dst, e.bucket_type, e.grad.data, e.grad.type, e.grad.count,
+            detail::convert_scale(slot(e), e.bucket_type, e.grad.data, e.grad.type, e.grad.count,
                                   pre_scale());
         }
         --buckets_[e.bucket].pending;
@@ -561,6 +561,25 @@ private:
             b.request = all_reduce_coalesced_async(stamped_, std::span<const buffer>(b.pieces),
                                                    b.averaged ? reduce_op::avg : reduce_op::sum);
         }
+    }
+
+    /// Whether two registered gradients share memory (one tensor registered twice):
+    /// packing reads each into its own slot, a reduction in place would not.
+    bool gradients_overlap() const {
+        std::vector<std::pair<const std::byte*, const std::byte*>> spans;
+        for (const entry& e : entries_) {
+            if (e.grad.count != 0) {
+                const auto* b = static_cast<const std::byte*>(e.grad.data);
+                spans.emplace_back(b, b + e.grad.count * size_of(e.grad.type));
+            }
+        }
+        std::sort(spans.begin(), spans.end());
+        for (std::size_t i = 1; i < spans.size(); ++i) {
+            if (spans[i].first < spans[i - 1].second) {
+                return true;
+            }
+        }
+        return false;
     }
 
     /// Whether this step's division after the sum is by the number of ranks alone,
