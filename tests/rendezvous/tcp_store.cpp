@@ -122,6 +122,20 @@ struct silent_listener {
     ~silent_listener() { ::close(fd); }
 };
 
+/// A plain TCP connection to `port` on the loopback address, whose receives give up
+/// after 5 s (so that a regression fails a test instead of hanging it).
+int raw_client(std::uint16_t port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const timeval limit{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    return fd;
+}
+
 std::span<const std::byte> bytes_of(const std::string& s) {
     return std::as_bytes(std::span(s.data(), s.size()));
 }
@@ -361,14 +375,7 @@ TEST_CASE("tcp_store: a listener that is not a store is a bounded error that say
 TEST_CASE("tcp_store: a stray client speaking another protocol does not disturb the store") {
     tcp_store_server server(0, 2);
     {
-        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a.sin_port = htons(server.port());
-        REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-        const timeval limit{5, 0}; // a regression fails here instead of hanging
-        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+        const int fd = raw_client(server.port());
         const std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
         REQUIRE(::send(fd, http.data(), http.size(), 0) == static_cast<ssize_t>(http.size()));
         char c = 0;
@@ -384,14 +391,7 @@ TEST_CASE("tcp_store: a stray client speaking another protocol does not disturb 
 
 TEST_CASE("tcp_store: a connection that never says who it is is closed after the idle limit") {
     tcp_store_server server(0, 2, 300ms);
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(server.port());
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    const timeval limit{5, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    const int fd = raw_client(server.port());
     const auto start = clock_type::now();
     char c = 0;
     CHECK(::recv(fd, &c, 1, 0) == 0); // closed by the store, not by our 5 s limit
