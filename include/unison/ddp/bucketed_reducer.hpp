@@ -566,20 +566,11 @@ private:
     /// Whether two registered gradients share memory (one tensor registered twice):
     /// packing reads each into its own slot, a reduction in place would not.
     bool gradients_overlap() const {
-        std::vector<std::pair<const std::byte*, const std::byte*>> spans;
+        std::vector<buffer> grads;
         for (const entry& e : entries_) {
-            if (e.grad.count != 0) {
-                const auto* b = static_cast<const std::byte*>(e.grad.data);
-                spans.emplace_back(b, b + e.grad.count * size_of(e.grad.type));
-            }
+            grads.push_back(e.grad);
         }
-        std::sort(spans.begin(), spans.end());
-        for (std::size_t i = 1; i < spans.size(); ++i) {
-            if (spans[i].first < spans[i - 1].second) {
-                return true;
-            }
-        }
-        return false;
+        return detail::any_overlap(grads);
     }
 
     /// Whether this step's division after the sum is by the number of ranks alone,

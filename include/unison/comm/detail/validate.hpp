@@ -106,6 +106,25 @@ inline collective_call all_reduce_call(call_site site, const_buffer in, buffer o
     return {operation::all_reduce, in.data, out.data, in.count, {}, in.type, op, 0, 0, in.location};
 }
 
+/// Whether any two of `pieces` share memory (empty ones never do).
+inline bool any_overlap(std::span<const buffer> pieces) {
+    std::vector<std::pair<const std::byte*, const std::byte*>> spans;
+    spans.reserve(pieces.size());
+    for (const buffer& p : pieces) {
+        if (p.count != 0) {
+            const auto* b = static_cast<const std::byte*>(p.data);
+            spans.emplace_back(b, b + p.count * size_of(p.type));
+        }
+    }
+    std::sort(spans.begin(), spans.end());
+    for (std::size_t i = 1; i < spans.size(); ++i) {
+        if (spans[i].first < spans[i - 1].second) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /// A coalesced all_reduce: `pieces`, in place, reduced as one buffer laid end to end.
 inline collective_call all_reduce_coalesced_call(call_site site, std::span<const buffer> pieces,
                                                  reduce_op op) {
@@ -129,21 +148,9 @@ inline collective_call all_reduce_coalesced_call(call_site site, std::span<const
         total += p.count;
     }
     check_reduction(site, pieces[0].type, op);
-    // Overlapping tensors would be read after being written: sort by address once.
-    std::vector<std::pair<const std::byte*, const std::byte*>> spans;
-    spans.reserve(pieces.size());
-    const std::size_t es = size_of(pieces[0].type);
-    for (const buffer& p : pieces) {
-        if (p.count != 0) {
-            const auto* b = static_cast<const std::byte*>(p.data);
-            spans.emplace_back(b, b + p.count * es);
-        }
-    }
-    std::sort(spans.begin(), spans.end());
-    for (std::size_t i = 1; i < spans.size(); ++i) {
-        if (spans[i].first < spans[i - 1].second) {
-            site.fail("two of the tensors overlap in memory");
-        }
+    // Overlapping tensors would be read after being written.
+    if (any_overlap(pieces)) {
+        site.fail("two of the tensors overlap in memory");
     }
     collective_call c{
         operation::all_reduce, pieces[0].data, pieces[0].data, total, {}, pieces[0].type, op, 0, 0,
