@@ -80,6 +80,13 @@ public:
     std::uint16_t port() const noexcept { return port_; }
     int world_size() const noexcept { return world_size_; }
 
+    /// Waits until at least `count` ranks are connected or `deadline` passes; returns
+    /// whether they are (for a launcher, or a test that orders its ranks).
+    bool wait_until_connected(int count, detail::store_clock::time_point deadline) {
+        std::unique_lock lock(mutex_);
+        return changed_.wait_until(lock, deadline, [&] { return connected_ >= count; });
+    }
+
     /// Waits until no rank is connected (every rank has closed its store) or
     /// `deadline` passes; returns whether none is.
     bool wait_until_none_connected(detail::store_clock::time_point deadline) {
@@ -314,6 +321,7 @@ private:
             std::lock_guard lock(mutex_);
             ranks_[static_cast<std::size_t>(h.rank)] = rank_state::connected;
             ++connected_;
+            changed_.notify_all();
         }
         reply(c, reply_status::ok, std::span<const std::byte>{});
         const std::string key = "unison/joined/" + std::to_string(h.rank);

@@ -324,6 +324,15 @@ private:
         return at == std::string_view::npos ? what : what.substr(at + 2);
     }
 
+    /// The payload length in a reply's 9-byte head (status, then u64 little-endian).
+    static std::uint64_t payload_length(const std::uint8_t (&head)[9]) noexcept {
+        std::uint64_t n = 0;
+        for (int i = 0; i < 8; ++i) {
+            n |= static_cast<std::uint64_t>(head[1 + i]) << (8 * i);
+        }
+        return n;
+    }
+
     void check_key(std::string_view key, const char* operation) const {
         if (key.empty() || key.size() > detail::store_wire::max_key_bytes) {
             throw argument_error(rank(), operation,
@@ -354,10 +363,7 @@ private:
         if (r.status != detail::io_status::ok) {
             fail(r, what, "waiting for");
         }
-        std::uint64_t n = 0;
-        for (int i = 0; i < 8; ++i) {
-            n |= static_cast<std::uint64_t>(head[1 + i]) << (8 * i);
-        }
+        const std::uint64_t n = payload_length(head);
         if (n > detail::store_wire::max_value_bytes * 2) {
             s_->fd.reset(); // the rest of the stream cannot be read in step any more
             s_->broken = s_->where + " sent a reply too large to take";
@@ -556,10 +562,7 @@ private:
             throw error(rank(), "tcp_store",
                         s_->address + " closed the connection on this rank's greeting" + hint);
         }
-        std::uint64_t n = 0;
-        for (int i = 0; i < 8; ++i) {
-            n |= static_cast<std::uint64_t>(head[1 + i]) << (8 * i);
-        }
+        const std::uint64_t n = payload_length(head);
         std::string message(static_cast<std::size_t>(std::min<std::uint64_t>(n, 65536)), '\0');
         if (detail::recv_all(s_->fd.get(), message.data(), message.size(), deadline).status !=
             detail::io_status::ok) {
