@@ -7,6 +7,7 @@
 
 #include "../support/backends.hpp"
 #include "../torch/ddp_cases.hpp"
+#include "../torch/device_cases.hpp"
 #include "../torch/fsdp_cases.hpp"
 
 #include <doctest/doctest.h>
@@ -50,6 +51,12 @@ TEST_CASE_TEMPLATE_DEFINE("torch fsdp: misuse is reported", Backend, torch_fsdp_
     Backend::run([](auto& comm) { unison::test::torch_fsdp_error_cases(comm); });
 }
 
+TEST_CASE_TEMPLATE_DEFINE("torch: a module where the engine is not is refused", Backend,
+                          torch_device_misuse) {
+    UNISON_TORCH_ONE_THREAD();
+    Backend::run([](auto& comm) { unison::test::torch_device_error_cases(comm); });
+}
+
 /// Registers every test case of the LibTorch suite for backend fixture `Backend`.
 #define UNISON_TORCH_SUITE(Backend)                                                                \
     TEST_CASE_TEMPLATE_INVOKE(torch_ddp_training, Backend);                                        \
@@ -58,4 +65,5 @@ TEST_CASE_TEMPLATE_DEFINE("torch fsdp: misuse is reported", Backend, torch_fsdp_
     TEST_CASE_TEMPLATE_INVOKE(torch_ddp_misuse, Backend);                                          \
     TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_training, Backend);                                       \
     TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_units, Backend);                                          \
-    TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_misuse, Backend)
+    TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_misuse, Backend);                                         \
+    TEST_CASE_TEMPLATE_INVOKE(torch_device_misuse, Backend)

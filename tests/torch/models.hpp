@@ -255,10 +255,12 @@ inline dataset make_data(kind k, c10::ScalarType dtype, std::int64_t samples, st
     return make_data(input_width(k), dtype, samples, seed);
 }
 
-/// max |a - b| / max |b|: the error relative to the tensor's scale.
+/// max |a - b| / max |b|: the error relative to the tensor's scale (in double, on
+/// the host, wherever a and b are).
 inline double relative_error(const at::Tensor& a, const at::Tensor& b) {
     const double scale = b.abs().max().item<double>();
-    const double error = (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+    const double error =
+        (a.to(at::kCPU, at::kDouble) - b.to(at::kCPU, at::kDouble)).abs().max().item<double>();
     return scale > 0 ? error / scale : error;
 }
 

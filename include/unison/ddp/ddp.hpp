@@ -19,6 +19,7 @@
 #include "unison/ddp/bucketed_reducer.hpp"
 #include "unison/parallel/detail/control.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -141,6 +142,12 @@ private:
     /// per 64 MiB instead of one per tensor.
     void broadcast_state(int root, bool buffers_only) {
         auto& comm = reducer_.step_communicator(); // stamped with the pass count
+        // Device tensors are read on the communicator's stream: after what the
+        // compute stream has queued (a forward that updated the buffers).
+        if (std::any_of(states_.begin(), states_.end(),
+                        [](const state& s) { return !s.data.location.is_host(); })) {
+            reducer_.placement().order_before(comm, "ddp broadcast");
+        }
         std::vector<std::uint8_t> chunk;
         std::vector<const state*> in_chunk;
         auto flush = [&] {

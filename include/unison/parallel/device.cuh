@@ -9,6 +9,7 @@
 ///     #include <unison/parallel/device.cuh>             // in a .cu file
 ///     unison::cuda::use_device(dp, dev, compute);        // ddp / bucketed_reducer: device gradients
 ///     unison::cuda::use_device(engine, dev, compute);    // fsdp: every buffer on cuda:dev
+///     auto setup = unison::cuda::on_device<Engine>(dev, compute); // the same, applied elsewhere
 ///
 /// `compute` is the stream the framework computes on (the legacy default stream when
 /// null): packing, casts, fills and optimizer steps are enqueued there in call
@@ -22,6 +23,7 @@
 #include "unison/kernels/norm.cuh"
 #include "unison/kernels/optimizer.cuh"
 #include "unison/parallel/detail/device_ops.hpp"
+#include "unison/parallel/device_setup.hpp"
 
 #include <cuda_runtime.h>
 
@@ -210,6 +212,16 @@ template <device_placeable T>
 void use_device(T& target, int dev, cudaStream_t compute = nullptr) {
     unison::detail::device_installer installer(dev, compute);
     target.install_device(installer);
+}
+
+/// The same placement as a value that code outside this CUDA translation unit can
+/// apply (parallel/device_setup.hpp): the LibTorch wrappers take one, so that only a
+/// small .cu file needs nvcc. `T` is the engine type (`unison::ddp<C, Ps...>`,
+/// `unison::fsdp<C, Ps...>`; `unison::torch::ddp<...>::engine_type` names it).
+template <device_placeable T>
+device_setup<T> on_device(int dev, cudaStream_t compute = nullptr) {
+    return device_setup<T>(device::cuda(dev),
+                           [dev, compute](T& target) { use_device(target, dev, compute); });
 }
 
 } // namespace unison::cuda

@@ -40,24 +40,43 @@
 /// `accumulate_steps`: every backward counts as a micro-batch.
 ///
 /// Policies and numbers are those of `unison::ddp` (ddp/policies.hpp,
-/// ddp/options.hpp). CPU tensors on any host communicator. Not thread-safe: one
-/// object per rank, its backward on one thread at a time.
+/// ddp/options.hpp). Not thread-safe: one object per rank, its backward on one
+/// thread at a time.
+///
+/// Devices: a CPU module on any host communicator, or a module on one GPU with a
+/// `device_setup` for the engine as the constructor's last argument, made by
+/// `unison::cuda::on_device<engine_type>(dev, stream)` in a .cu file
+/// (parallel/device_setup.hpp says why it is made there): buckets then live on that
+/// GPU, packing and averaging run as kernels on `stream` (the stream LibTorch
+/// computes on: `at::cuda::getCurrentCUDAStream(dev).stream()`, or null for the
+/// default stream), and the reductions run on the communicator's stream after it
+/// (NCCL, or the thread backend attached to the GPU). Every parameter and buffer
+/// must be on the setup's device; anything else is an error that names the tensor
+/// before anything moves. Ranks of the thread backend sharing one GPU must run
+/// backward on their own threads (LibTorch >= 2.0 with autograd multithreading
+/// off on each rank's thread): LibTorch's per-device autograd thread is shared.
 
 #include "unison/comm/communicator.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/torch.hpp"
 #include "unison/ddp/ddp.hpp"
+#include "unison/parallel/device_setup.hpp"
+#include "unison/torch/detail/device.hpp"
+
+#include <ATen/ops/from_blob.h>
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/cuda.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -112,19 +131,20 @@ public:
 
     /// Collective (see the file comment). `comm` must outlive this object.
     ddp(C& comm, std::shared_ptr<::torch::nn::Module> module, ddp_options options = {})
-        : module_(std::move(module)), options_(options),
-          engine_(comm, checked(options_, comm, module_).engine()) {
-        register_module();
-        engine_.start(options_.root);
-        install_hooks();
-        if constexpr (in_buckets) {
-            point_gradients_at_buckets();
-        }
-    }
+        : ddp(placed_tag{}, comm, std::move(module), options, std::nullopt) {}
+    /// The same for a module on the GPU of `device` (see the file comment).
+    ddp(C& comm, std::shared_ptr<::torch::nn::Module> module, ddp_options options,
+        device_setup<engine_type> device)
+        : ddp(placed_tag{}, comm, std::move(module), options, std::move(device)) {}
     /// The same for a module holder (`torch::nn::Linear`, a TORCH_MODULE type).
     template <class M>
     ddp(C& comm, const ::torch::nn::ModuleHolder<M>& module, ddp_options options = {})
         : ddp(comm, std::static_pointer_cast<::torch::nn::Module>(module.ptr()), options) {}
+    template <class M>
+    ddp(C& comm, const ::torch::nn::ModuleHolder<M>& module, ddp_options options,
+        device_setup<engine_type> device)
+        : ddp(comm, std::static_pointer_cast<::torch::nn::Module>(module.ptr()), options,
+              std::move(device)) {}
 
     ddp(const ddp&) = delete;
     ddp& operator=(const ddp&) = delete;
@@ -154,6 +174,9 @@ public:
     /// Collective: copies rank `root`'s buffers to every rank now.
     void broadcast_buffers() { engine_.broadcast_buffers(options_.root); }
 
+    /// Where the engine keeps the buckets: host, or the device setup's GPU.
+    device location() const noexcept { return placed_ ? *placed_ : device::host(); }
+
     /// The registered (trainable) parameters, in registration order, and their names.
     const std::vector<at::Tensor>& parameters() const noexcept { return params_; }
     const std::vector<std::string>& parameter_names() const noexcept { return names_; }
@@ -163,6 +186,30 @@ public:
     C& communicator() noexcept { return engine_.communicator(); }
 
 private:
+    struct placed_tag {};
+
+    ddp(placed_tag, C& comm, std::shared_ptr<::torch::nn::Module> module, ddp_options options,
+        std::optional<device_setup<engine_type>> device)
+        : module_(std::move(module)), options_(options),
+          placed_(device ? std::optional<unison::device>(device->location()) : std::nullopt),
+          guard_(placed_), engine_(comm, checked(options_, comm, module_).engine()) {
+        check_devices();
+        if (placed_) {
+            // The collectives below read the module on the communicator's stream:
+            // whatever produced it (module->to(...), initialization) must be done.
+            ::torch::cuda::synchronize(placed_->index);
+        }
+        register_module();
+        if (device) {
+            (*device)(engine_); // before start(): the buckets are made there
+        }
+        engine_.start(options_.root);
+        install_hooks();
+        if constexpr (in_buckets) {
+            point_gradients_at_buckets();
+        }
+    }
+
     static constexpr bool in_buckets =
         engine_type::reducer_type::config::gradient_memory::in_buckets;
 
@@ -183,13 +230,28 @@ private:
         throw argument_error(engine_.communicator().rank(), "torch::ddp", detail);
     }
 
+    /// Every tensor where the engine keeps its state, before anything is touched.
+    void check_devices() {
+        for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+            if (std::string why = detail::misplaced("parameter", item.key(), item.value(), placed_);
+                !why.empty()) {
+                fail(why);
+            }
+        }
+        for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
+            if (!item.value().defined()) {
+                continue;
+            }
+            if (std::string why = detail::misplaced("buffer", item.key(), item.value(), placed_);
+                !why.empty()) {
+                fail(why);
+            }
+        }
+    }
+
     void register_module() {
         for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
             at::Tensor p = item.value();
-            if (!p.device().is_cpu()) {
-                fail("parameter '" + item.key() + "' is on " + p.device().str() +
-                     "; this DDP moves CPU tensors (CUDA modules are not supported yet)");
-            }
             if (!p.requires_grad()) {
                 engine_.add_frozen_parameter(p, item.key());
                 continue;
@@ -231,6 +293,7 @@ private:
     }
 
     void gradient_ready(std::size_t i) {
+        guard_.check(engine_.communicator().rank(), "torch::ddp backward");
         if (no_sync_depth_ > 0) {
             synchronized_ = false;
             return; // accumulated locally; reduced by the next synchronizing backward
@@ -290,7 +353,10 @@ private:
     /// the rebuild moves the buckets; the reducer carries the values over).
     void point_gradients_at_buckets() {
         for (std::size_t i = 0; i < params_.size(); ++i) {
-            grads_[i] = at::from_blob(bucket_slot(i), params_[i].sizes(), params_[i].options());
+            grads_[i] = at::for_blob(bucket_slot(i), params_[i].sizes())
+                            .options(params_[i].options())
+                            .target_device(params_[i].device())
+                            .make_tensor();
             params_[i].mutable_grad() = grads_[i];
         }
         layout_version_ = engine_.reducer().layout_version();
@@ -314,6 +380,8 @@ private:
 
     std::shared_ptr<::torch::nn::Module> module_;
     ddp_options options_;
+    std::optional<unison::device> placed_; ///< the device setup's GPU; host when none
+    detail::backward_thread_guard guard_;
     engine_type engine_;
     std::vector<at::Tensor> params_;
     std::vector<at::Tensor> grads_; ///< where the reducer reads and writes gradient i

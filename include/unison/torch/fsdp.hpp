@@ -47,15 +47,30 @@
 /// A parameter must be used only inside its unit's forward (a parameter shared
 /// with another unit belongs in their common parent). Parameters without
 /// `requires_grad` stay the module's own (broadcast at construction, never
-/// sharded). CPU tensors of the engine's parameter dtype; one object per rank.
+/// sharded). Parameters of the engine's parameter dtype; one object per rank.
+///
+/// Devices: a CPU module on any host communicator, or a module on one GPU with a
+/// `device_setup` for the engine as the constructor's last argument, made by
+/// `unison::cuda::on_device<engine_type>(dev, stream)` in a .cu file
+/// (parallel/device_setup.hpp says why): every flat buffer, gathered unit and
+/// optimizer state then lives on that GPU, the parameters' storages point into it,
+/// casts and the optimizer step run as kernels on `stream` (the stream LibTorch
+/// computes on, null for the default one), and the collectives on the
+/// communicator's stream after it. Every parameter and buffer must be on that
+/// device (otherwise an error names the tensor before anything moves). The full
+/// values (full_state_dict, save_full) are host tensors either way. Ranks of the
+/// thread backend sharing one GPU must run backward on their own threads (see
+/// torch/ddp.hpp).
 
 #include "unison/comm/communicator.hpp"
 #include "unison/core/detail/hash.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/torch.hpp"
 #include "unison/parallel/detail/control.hpp"
+#include "unison/parallel/device_setup.hpp"
 #include "unison/sharded/checkpoint.hpp"
 #include "unison/sharded/fsdp.hpp"
+#include "unison/torch/detail/device.hpp"
 
 #include <c10/core/Storage.h>
 #include <c10/core/StorageImpl.h>
@@ -64,6 +79,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/cuda.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/ordered_dict.h>
@@ -77,6 +93,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -160,25 +177,48 @@ concept unit_output = requires(const unit_entry& e, const T& t) {
     hook_outputs(e, t);
 };
 
-/// Points storage `s` at `bytes` bytes from `p` (nothing: nullptr, 0).
+/// Points storage `s` at `bytes` bytes from `p` (nothing: nullptr, 0) on its device.
 inline void point(c10::Storage& s, void* p, std::size_t bytes) {
     c10::StorageImpl* impl = s.unsafeGetStorageImpl();
-    impl->set_data_ptr_noswap(c10::DataPtr(p, c10::Device(c10::DeviceType::CPU)));
+    impl->set_data_ptr_noswap(c10::DataPtr(p, s.device()));
     impl->set_nbytes(bytes);
 }
 
-/// A storage that owns nothing; point() moves it.
-inline c10::Storage unowned_storage() {
-    return c10::Storage(c10::Storage::use_byte_size_t(), std::size_t{0},
-                        c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)), nullptr, false);
+/// A storage on device `d` that owns nothing; point() moves it.
+inline c10::Storage unowned_storage(c10::Device d) {
+    return c10::Storage(c10::Storage::use_byte_size_t(), std::size_t{0}, c10::DataPtr(nullptr, d),
+                        nullptr, false);
 }
 
-/// A contiguous CPU tensor of `shape` and `type` on storage `s`.
+/// A contiguous tensor of `shape` and `type` on storage `s` (CPU or CUDA, as `s`).
 inline at::Tensor tensor_on(const c10::Storage& s, c10::IntArrayRef shape, caffe2::TypeMeta type) {
-    auto impl = c10::make_intrusive<c10::TensorImpl>(
-        c10::Storage(s), c10::DispatchKeySet(c10::DispatchKey::CPU), type);
+    const c10::DispatchKey key =
+        s.device().is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+    auto impl =
+        c10::make_intrusive<c10::TensorImpl>(c10::Storage(s), c10::DispatchKeySet(key), type);
     impl->set_sizes_contiguous(shape);
     return at::Tensor(std::move(impl));
+}
+
+/// Module::save's format with `full` (full name -> host tensor) for the parameters
+/// and host copies of the buffers, so that the file holds host tensors whatever
+/// device the module is on.
+inline void write_module(::torch::serialize::OutputArchive& archive, const ::torch::nn::Module& m,
+                         const std::string& prefix,
+                         const std::unordered_map<std::string, at::Tensor>& full) {
+    for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+        archive.write(item.key(), full.at(prefix + item.key()));
+    }
+    for (const auto& item : m.named_buffers(/*recurse=*/false)) {
+        archive.write(item.key(), item.value().detach().to(at::kCPU), /*is_buffer=*/true);
+    }
+    for (const auto& child : m.named_children()) {
+        if (child.value()->is_serializable()) {
+            ::torch::serialize::OutputArchive nested(archive.compilation_unit());
+            write_module(nested, *child.value(), prefix + child.key() + ".", full);
+            archive.write(child.key(), nested);
+        }
+    }
 }
 
 } // namespace detail
@@ -247,31 +287,25 @@ public:
     /// parameters in none of them form the root unit, run by forward().
     fsdp(C& comm, std::shared_ptr<::torch::nn::Module> model,
          std::vector<std::shared_ptr<::torch::nn::Module>> units, options_type options = {})
-        : model_(std::move(model)), engine_(comm, std::move(options)) {
-        if (!model_) {
-            fail("the module is null");
-        }
-        collect(units);
-        synchronize_module();
-        // From here the parameters follow the engine's memory: a failure puts every
-        // one back on its own values and removes what was hooked or registered.
-        try {
-            register_units();
-            engine_.start();
-            attach();
-        } catch (...) {
-            detach(/*restore_original=*/true);
-            throw;
-        }
-        for (slot& s : slots_) {
-            s.original = at::Tensor(); // the engine holds the values now
-        }
-    }
+        : fsdp(placed_tag{}, comm, std::move(model), std::move(units), std::move(options),
+               std::nullopt) {}
+    /// The same for a model on the GPU of `device` (see the file comment).
+    fsdp(C& comm, std::shared_ptr<::torch::nn::Module> model,
+         std::vector<std::shared_ptr<::torch::nn::Module>> units, options_type options,
+         device_setup<engine_type> device)
+        : fsdp(placed_tag{}, comm, std::move(model), std::move(units), std::move(options),
+               std::move(device)) {}
     template <class M>
     fsdp(C& comm, const ::torch::nn::ModuleHolder<M>& model,
          std::vector<std::shared_ptr<::torch::nn::Module>> units, options_type options = {})
         : fsdp(comm, std::static_pointer_cast<::torch::nn::Module>(model.ptr()), std::move(units),
                std::move(options)) {}
+    template <class M>
+    fsdp(C& comm, const ::torch::nn::ModuleHolder<M>& model,
+         std::vector<std::shared_ptr<::torch::nn::Module>> units, options_type options,
+         device_setup<engine_type> device)
+        : fsdp(comm, std::static_pointer_cast<::torch::nn::Module>(model.ptr()), std::move(units),
+               std::move(options), std::move(device)) {}
 
     fsdp(const fsdp&) = delete;
     fsdp& operator=(const fsdp&) = delete;
@@ -300,37 +334,27 @@ public:
             out.insert(item.key(), full_value(item.value()));
         }
         for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
-            out.insert(item.key(), item.value().detach().clone());
+            out.insert(item.key(), host_copy(item.value()));
         }
         return out;
     }
 
-    /// Collective: rank `root` writes the full model with LibTorch's serializer
-    /// (`torch::save(module, path)`'s format), so a plain module of the same class
-    /// reads it with `torch::load(module, path)`.
+    /// Collective: rank `root` writes the full model in LibTorch's format
+    /// (`torch::save(module, path)`'s: Module::save's archive, host tensors), so a
+    /// plain module of the same class reads it with `torch::load(module, path)`. A
+    /// module class that overrides save() is written as Module::save would write it.
     void save_full(const std::string& path, int root = 0) {
-        std::vector<at::Tensor> full;
-        full.reserve(slots_.size());
-        for (slot& s : slots_) {
-            full.push_back(full_value(s.param));
+        std::unordered_map<std::string, at::Tensor> full;
+        for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+            full.emplace(item.key(), full_value(item.value()));
         }
         if (engine_.communicator().rank() != root) {
             return;
         }
-        // The module's own serializer, with its parameters pointed at the full values
-        // for the duration (and back at the engine's memory afterwards).
-        struct restore {
-            fsdp& f;
-            ~restore() {
-                for (slot& s : f.slots_) {
-                    f.show(s);
-                }
-            }
-        } guard{*this};
-        for (std::size_t i = 0; i < slots_.size(); ++i) {
-            slots_[i].param.set_data(full[i]);
-        }
-        ::torch::save(model_, path);
+        ::torch::serialize::OutputArchive archive(
+            std::make_shared<::torch::jit::CompilationUnit>());
+        detail::write_module(archive, *model_, "", full);
+        archive.save_to(path);
     }
 
     ::torch::nn::Module& module() noexcept { return *model_; }
@@ -340,6 +364,42 @@ public:
     std::size_t unit_count() const noexcept { return units_.size(); }
 
 private:
+    struct placed_tag {};
+
+    fsdp(placed_tag, C& comm, std::shared_ptr<::torch::nn::Module> model,
+         std::vector<std::shared_ptr<::torch::nn::Module>> units, options_type options,
+         std::optional<device_setup<engine_type>> device)
+        : model_(std::move(model)),
+          placed_(device ? std::optional<unison::device>(device->location()) : std::nullopt),
+          guard_(placed_), engine_(comm, std::move(options)) {
+        if (!model_) {
+            fail("the module is null");
+        }
+        collect(units);
+        if (placed_) {
+            // The collectives below read the module on the communicator's stream:
+            // whatever produced it (module->to(...), initialization) must be done.
+            ::torch::cuda::synchronize(placed_->index);
+        }
+        synchronize_module();
+        if (device) {
+            (*device)(engine_); // before the first unit: its buffers are made there
+        }
+        // From here the parameters follow the engine's memory: a failure puts every
+        // one back on its own values and removes what was hooked or registered.
+        try {
+            register_units();
+            engine_.start();
+            attach();
+        } catch (...) {
+            detach(/*restore_original=*/true);
+            throw;
+        }
+        for (slot& s : slots_) {
+            s.original = at::Tensor(); // the engine holds the values now
+        }
+    }
+
     /// A trainable parameter handed to the engine.
     struct slot {
         at::Tensor param; ///< the module's parameter (the tensor the module holds)
@@ -370,6 +430,21 @@ private:
 
     /// Assigns every trainable parameter to the innermost unit that holds it.
     void collect(const std::vector<std::shared_ptr<::torch::nn::Module>>& units) {
+        for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+            if (std::string why = detail::misplaced("parameter", item.key(), item.value(), placed_);
+                !why.empty()) {
+                fail(why);
+            }
+        }
+        for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
+            if (!item.value().defined()) {
+                continue;
+            }
+            if (std::string why = detail::misplaced("buffer", item.key(), item.value(), placed_);
+                !why.empty()) {
+                fail(why);
+            }
+        }
         std::unordered_map<const c10::TensorImpl*, std::string> names;
         for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
             if (!names.emplace(item.value().unsafeGetTensorImpl(), item.key()).second) {
@@ -425,12 +500,11 @@ private:
                 frozen_.push_back(p);
                 continue;
             }
-            if (!p.device().is_cpu() || !p.is_contiguous() ||
-                p.scalar_type() != torch_dtype(dtype_of<value_type>)) {
+            if (!p.is_contiguous() || p.scalar_type() != torch_dtype(dtype_of<value_type>)) {
                 fail("parameter '" + item.key() + "' is " +
-                     std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() +
+                     std::string(c10::toString(p.scalar_type())) +
                      (p.is_contiguous() ? "" : ", not contiguous") +
-                     "; this engine takes contiguous CPU " +
+                     "; this engine takes contiguous " +
                      std::string(c10::toString(torch_dtype(dtype_of<value_type>))) +
                      " parameters (convert the module first)");
             }
@@ -442,8 +516,8 @@ private:
                                   item.key(),
                                   p.sizes().vec(),
                                   u,
-                                  detail::unowned_storage(),
-                                  detail::unowned_storage(),
+                                  detail::unowned_storage(p.device()),
+                                  detail::unowned_storage(p.device()),
                                   p.detach(),
                                   nullptr,
                                   0,
@@ -628,6 +702,7 @@ private:
 
     /// The first gradient reaching one of unit u's outputs: gather it for backward.
     void enter_backward(std::size_t u) {
+        guard_.check(engine_.communicator().rank(), "torch::fsdp backward");
         unit_info& info = units_[u];
         if (info.in_backward) {
             return;
@@ -644,6 +719,7 @@ private:
 
     /// Autograd has accumulated parameter i's gradient for this backward.
     void gradient_ready(std::size_t i) {
+        guard_.check(engine_.communicator().rank(), "torch::fsdp backward");
         unit_info& info = units_[slots_[i].unit];
         if (!info.in_backward) {
             fail("parameter '" + slots_[i].name + "' got its gradient outside the backward of " +
@@ -677,15 +753,21 @@ private:
         }
     }
 
-    /// Parameter `p`'s full values in a tensor of its own (collective for sharded
+    /// `t`'s values in host memory of their own.
+    static at::Tensor host_copy(const at::Tensor& t) {
+        return t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    }
+
+    /// Parameter `p`'s full values in a host tensor of its own (collective for sharded
     /// parameters of a unit that is not gathered).
     at::Tensor full_value(const at::Tensor& p) {
         const auto it = slot_of_.find(p.unsafeGetTensorImpl());
         if (it == slot_of_.end()) {
-            return p.detach().clone(); // frozen: the module's own
+            return host_copy(p); // frozen: the module's own
         }
         const slot& s = slots_[it->second];
-        at::Tensor out = at::empty(s.shape, s.param.options().requires_grad(false));
+        at::Tensor out =
+            at::empty(s.shape, s.param.options().device(at::kCPU).requires_grad(false));
         engine_.copy_full(s.handle, out);
         return out;
     }
@@ -698,6 +780,8 @@ private:
     std::unordered_map<const c10::TensorImpl*, std::size_t> slot_of_;
     std::vector<unit_info> units_;
     std::vector<at::Tensor> frozen_;
+    std::optional<unison::device> placed_; ///< the device setup's GPU; host when none
+    detail::backward_thread_guard guard_;
     engine_type engine_;
     bool callback_queued_ = false;
     bool detached_ = false; ///< destroying: the module no longer follows the engine
