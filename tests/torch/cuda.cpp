@@ -153,7 +153,7 @@ void gpu_cases(C& comm, int dev) {
 /// LibTorch 1.x runs every thread's CUDA backward on one autograd thread per
 /// device: ranks sharing a GPU are refused at their first hook, with an error that
 /// says why, rather than waiting there for each other until the timeout.
-void gpu_shared_thread_refused(thread_communicator& comm, int dev) {
+[[maybe_unused]] void gpu_shared_thread_refused(thread_communicator& comm, int dev) {
     const std::string label = "torch::ddp, ranks sharing cuda:" + std::to_string(dev);
     const tm::dataset data = on(tm::make_data(tm::kind::mlp, at::kFloat, 8, 3), dev);
     auto model = tm::make(tm::kind::mlp, at::kFloat, 5);

@@ -109,7 +109,13 @@ void torch_ddp_case(C& comm, tm::kind k, c10::ScalarType dtype, torch_loop loop,
         o.expect(dp.synchronized(), "step " + std::to_string(step) + " did not synchronize");
         opt.step();
 
-        ref_opt.zero_grad();
+        if (loop == torch_loop::set_to_none) {
+            for (at::Tensor& p : reference->parameters()) {
+                p.mutable_grad() = at::Tensor();
+            }
+        } else {
+            ref_opt.zero_grad();
+        }
         ::torch::nn::functional::cross_entropy(
             reference->forward(data.x.narrow(0, step * torch_global_batch, torch_global_batch)),
             data.y.narrow(0, step * torch_global_batch, torch_global_batch))
@@ -145,8 +151,10 @@ void torch_ddp_training_cases(C& comm) {
     torch_ddp_case(comm, kind::mlp, at::kDouble, torch_loop::set_to_none, 1e-12);
     torch_ddp_case<policy::gradients_in_buckets>(comm, kind::mlp, at::kDouble,
                                                  torch_loop::set_to_none, 1e-12);
-    // The unused head's gradient stays zero, as in the reference.
+    // The unused head's gradient stays zero, as in the reference; set to undefined
+    // before each step it stays undefined (AdamW skips it), as in the reference.
     torch_ddp_case(comm, kind::unused_head, at::kDouble, torch_loop::plain, 1e-12);
+    torch_ddp_case(comm, kind::unused_head, at::kDouble, torch_loop::set_to_none, 1e-12);
 }
 
 template <communicator C>

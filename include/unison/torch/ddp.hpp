@@ -31,7 +31,9 @@
 /// default) or are an error naming them that `backward()` throws
 /// (policy::unused_is_error). Zeroing in place (`optimizer.zero_grad()` in LibTorch
 /// 1.x) keeps the gradients' storage; setting them to undefined (LibTorch 2's
-/// default) works too, at the cost of a pointer update per gradient. With
+/// default) works too, at the cost of a pointer update per gradient, and then a
+/// parameter that no rank used keeps an undefined gradient (the optimizer skips it,
+/// as in one process; one small all-reduce per step finds those). With
 /// policy::gradients_in_buckets, `p.grad()` is a view into the bucket memory
 /// (PyTorch's gradient_as_bucket_view): nothing is copied.
 ///
@@ -60,7 +62,9 @@
 #include "unison/core/error.hpp"
 #include "unison/core/torch.hpp"
 #include "unison/ddp/ddp.hpp"
+#include "unison/parallel/detail/control.hpp"
 #include "unison/parallel/device_setup.hpp"
+#include "unison/torch/detail/autograd.hpp"
 #include "unison/torch/detail/device.hpp"
 
 #include <ATen/ops/from_blob.h>
@@ -77,6 +81,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -212,6 +217,7 @@ private:
 
     static constexpr bool in_buckets =
         engine_type::reducer_type::config::gradient_memory::in_buckets;
+    static constexpr bool unused_is_error = engine_type::reducer_type::config::unused::error;
 
     static const ddp_options& checked(const ddp_options& o, C& comm,
                                       const std::shared_ptr<::torch::nn::Module>& m) {
@@ -271,6 +277,7 @@ private:
             }
         }
         marked_.assign(params_.size(), 0);
+        present_.assign(params_.size(), 1);
     }
 
     /// Gradient i is final once autograd has accumulated it into p.grad: a post hook
@@ -333,12 +340,18 @@ private:
     void end_backward() {
         in_backward_ = false;
         for (std::size_t i = 0; i < params_.size(); ++i) {
+            present_[i] = marked_[i] != 0 || params_[i].grad().defined() ? 1 : 0;
             if (marked_[i] == 0) {
                 follow_gradient(i); // unused this step: the average still lands in p.grad
             }
             marked_[i] = 0;
         }
         synchronized_ = engine_.finish();
+        if constexpr (!unused_is_error) {
+            if (synchronized_) {
+                drop_unused_gradients();
+            }
+        }
         if constexpr (in_buckets) {
             if (engine_.reducer().layout_version() != layout_version_) {
                 point_gradients_at_buckets();
@@ -346,6 +359,21 @@ private:
         }
         if (synchronized_ && options_.broadcast_buffers) {
             engine_.broadcast_buffers(options_.root);
+        }
+    }
+
+    /// A parameter that no rank used in this backward and whose gradient no rank
+    /// held (set to undefined by zero_grad, LibTorch 2's default) keeps an undefined
+    /// gradient, so the optimizer skips it as it would in one process (PyTorch DDP
+    /// with find_unused_parameters does the same). One small all-reduce per
+    /// synchronizing backward decides it alike on every rank.
+    void drop_unused_gradients() {
+        unison::detail::control_all_reduce(engine_.communicator(), engine_.reducer().placement(),
+                                           std::span<std::int64_t>(present_), reduce_op::max);
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+            if (present_[i] == 0) {
+                params_[i].mutable_grad() = at::Tensor();
+            }
         }
     }
 
@@ -386,9 +414,10 @@ private:
     std::vector<at::Tensor> params_;
     std::vector<at::Tensor> grads_; ///< where the reducer reads and writes gradient i
     std::vector<std::string> names_;
-    std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
+    std::vector<detail::accumulator_ptr> accumulators_;
     std::vector<std::uintptr_t> hook_keys_;
     std::vector<std::uint8_t> marked_;
+    std::vector<std::int64_t> present_; ///< used, or holding a gradient, in this backward
     std::uint64_t layout_version_ = ~std::uint64_t{0};
     int no_sync_depth_ = 0;
     bool in_backward_ = false;

@@ -70,6 +70,7 @@
 #include "unison/parallel/device_setup.hpp"
 #include "unison/sharded/checkpoint.hpp"
 #include "unison/sharded/fsdp.hpp"
+#include "unison/torch/detail/autograd.hpp"
 #include "unison/torch/detail/device.hpp"
 
 #include <c10/core/Storage.h>
@@ -409,7 +410,7 @@ private:
         c10::Storage value;  ///< the parameter's storage: the engine's memory when bound
         c10::Storage grad;   ///< its gradient's storage, bound inside backward
         at::Tensor original; ///< its own values until construction succeeds
-        std::shared_ptr<::torch::autograd::Node> accumulator;
+        detail::accumulator_ptr accumulator;
         std::uintptr_t hook_key = 0;
         bool hooked = false;
         parameter_handle handle;
@@ -519,7 +520,7 @@ private:
                                   detail::unowned_storage(p.device()),
                                   detail::unowned_storage(p.device()),
                                   p.detach(),
-                                  nullptr,
+                                  {},
                                   0,
                                   false,
                                   {}});

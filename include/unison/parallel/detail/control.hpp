@@ -62,6 +62,21 @@ void control_broadcast(C& comm, const placement& place, std::span<std::int64_t> 
     }
 }
 
+/// Collective: `v` reduced with `op` over the ranks, in place.
+template <communicator C>
+void control_all_reduce(C& comm, const placement& place, std::span<std::int64_t> v, reduce_op op) {
+    if constexpr (moves_host_memory<C>) {
+        (void)place;
+        all_reduce(comm, v, op);
+    } else {
+        require_control_path(comm, place, "bookkeeping all_reduce");
+        flat_buffer d(v.size_bytes(), place);
+        place.copy_from_host(d.data(), v.data(), v.size_bytes());
+        all_reduce(comm, buffer{d.data(), v.size(), dtype::i64, place.where()}, op);
+        place.copy_to_host(v.data(), d.data(), v.size_bytes());
+    }
+}
+
 /// How a layout check names what it compares, for its error message.
 struct layout_words {
     const char* operation; ///< "ddp start"
