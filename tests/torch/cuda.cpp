@@ -76,16 +76,7 @@ void gpu_ddp_case(C& comm, int dev, tm::kind k, c10::ScalarType dtype, double to
             .backward();
         ref_opt.step();
 
-        const auto params = model->named_parameters();
-        const auto ref_params = reference->named_parameters();
-        for (std::size_t p = 0; p < params.size(); ++p) {
-            const double err =
-                tm::relative_error(params[p].value().detach(), ref_params[p].value().detach());
-            o.expect(err <= tol, [&] {
-                return "step " + std::to_string(step) + " parameter " + params[p].key() +
-                       " relative error " + std::to_string(err);
-            });
-        }
+        expect_same_parameters(o, *model, *reference, step, tol);
     }
     UNISON_CHECK_CASE(comm, label, o);
 }

@@ -49,6 +49,21 @@ inline ::torch::optim::AdamW adamw(const std::vector<at::Tensor>& params) {
     return ::torch::optim::AdamW(params, ::torch::optim::AdamWOptions(1e-2));
 }
 
+/// Every parameter of `model` within `tol` (relative) of `reference`'s after `step`.
+inline void expect_same_parameters(outcome& o, ::torch::nn::Module& model,
+                                   ::torch::nn::Module& reference, int step, double tol) {
+    const auto params = model.named_parameters();
+    const auto ref_params = reference.named_parameters();
+    for (std::size_t p = 0; p < params.size(); ++p) {
+        const double err =
+            tm::relative_error(params[p].value().detach(), ref_params[p].value().detach());
+        o.expect(err <= tol, [&] {
+            return "step " + std::to_string(step) + " parameter " + params[p].key() +
+                   " relative error " + std::to_string(err);
+        });
+    }
+}
+
 /// DDP of model `k` in `dtype` with `Policies`, `loop` and `options`, against the
 /// single-process reference: every parameter within `tol` after every step.
 template <class... Policies, communicator C>
@@ -122,16 +137,7 @@ void torch_ddp_case(C& comm, tm::kind k, c10::ScalarType dtype, torch_loop loop,
             .backward();
         ref_opt.step();
 
-        const auto params = model->named_parameters();
-        const auto ref_params = reference->named_parameters();
-        for (std::size_t p = 0; p < params.size(); ++p) {
-            const double err =
-                tm::relative_error(params[p].value().detach(), ref_params[p].value().detach());
-            o.expect(err <= tol, [&] {
-                return "step " + std::to_string(step) + " parameter " + params[p].key() +
-                       " relative error " + std::to_string(err);
-            });
-        }
+        expect_same_parameters(o, *model, *reference, step, tol);
     }
     UNISON_CHECK_CASE(comm, label, o);
 }

@@ -238,20 +238,8 @@ private:
 
     /// Every tensor where the engine keeps its state, before anything is touched.
     void check_devices() {
-        for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-            if (std::string why = detail::misplaced("parameter", item.key(), item.value(), placed_);
-                !why.empty()) {
-                fail(why);
-            }
-        }
-        for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
-            if (!item.value().defined()) {
-                continue;
-            }
-            if (std::string why = detail::misplaced("buffer", item.key(), item.value(), placed_);
-                !why.empty()) {
-                fail(why);
-            }
+        if (std::string why = detail::misplaced(*module_, placed_); !why.empty()) {
+            fail(why);
         }
     }
 

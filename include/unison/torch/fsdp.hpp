@@ -431,20 +431,8 @@ private:
 
     /// Assigns every trainable parameter to the innermost unit that holds it.
     void collect(const std::vector<std::shared_ptr<::torch::nn::Module>>& units) {
-        for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-            if (std::string why = detail::misplaced("parameter", item.key(), item.value(), placed_);
-                !why.empty()) {
-                fail(why);
-            }
-        }
-        for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
-            if (!item.value().defined()) {
-                continue;
-            }
-            if (std::string why = detail::misplaced("buffer", item.key(), item.value(), placed_);
-                !why.empty()) {
-                fail(why);
-            }
+        if (std::string why = detail::misplaced(*model_, placed_); !why.empty()) {
+            fail(why); // before anything is touched
         }
         std::unordered_map<const c10::TensorImpl*, std::string> names;
         for (const auto& item : model_->named_parameters(/*recurse=*/true)) {

@@ -10,6 +10,7 @@
 #include "unison/core/torch.hpp"
 
 #include <c10/core/Device.h>
+#include <torch/nn/module.h>
 
 #include <map>
 #include <mutex>
@@ -46,6 +47,26 @@ inline std::string misplaced(const char* what, const std::string& name, const at
            ": move the module there first (module->to(...)), or " +
            (here.is_host() ? std::string("construct without a device setup")
                            : "make the setup for " + to_string(here));
+}
+
+/// Why the first of `m`'s parameters and (defined) buffers that cannot be used by an
+/// engine whose state is on `placed` cannot, or "" when all can.
+inline std::string misplaced(const ::torch::nn::Module& m, std::optional<device> placed) {
+    for (const auto& item : m.named_parameters(/*recurse=*/true)) {
+        if (std::string why = misplaced("parameter", item.key(), item.value(), placed);
+            !why.empty()) {
+            return why;
+        }
+    }
+    for (const auto& item : m.named_buffers(/*recurse=*/true)) {
+        if (!item.value().defined()) {
+            continue;
+        }
+        if (std::string why = misplaced("buffer", item.key(), item.value(), placed); !why.empty()) {
+            return why;
+        }
+    }
+    return "";
 }
 
 /// How many LibTorch engines have their module on each CUDA device, in this process.
