@@ -315,8 +315,12 @@ private:
         if (grad.data_ptr() == grads_[i].data_ptr()) {
             return;
         }
-        if constexpr (in_buckets) {
-            grads_[i].copy_(grad); // autograd made a new tensor: back into the bucket
+        // Autograd made a new tensor. With gradients in buckets it goes back into the
+        // bucket; on a GPU into the gradient the reducer holds (a rebind would
+        // rebuild the bucket's device pack plans, a synchronous upload); on the host
+        // the reducer follows it (a pointer update).
+        if (in_buckets || placed_) {
+            grads_[i].copy_(grad);
             grad = grads_[i];
         } else {
             engine_.reducer().rebind(i, grad);
