@@ -161,6 +161,8 @@ void torch_ddp_training_cases(C& comm) {
     // before each step it stays undefined (AdamW skips it), as in the reference.
     torch_ddp_case(comm, kind::unused_head, at::kDouble, torch_loop::plain, 1e-12);
     torch_ddp_case(comm, kind::unused_head, at::kDouble, torch_loop::set_to_none, 1e-12);
+    torch_ddp_case<policy::gradients_in_buckets>(comm, kind::unused_head, at::kDouble,
+                                                 torch_loop::set_to_none, 1e-12);
 }
 
 template <communicator C>

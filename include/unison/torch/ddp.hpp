@@ -339,14 +339,14 @@ private:
             marked_[i] = 0;
         }
         synchronized_ = engine_.finish();
-        if constexpr (!unused_is_error) {
-            if (synchronized_) {
-                drop_unused_gradients();
-            }
-        }
         if constexpr (in_buckets) {
             if (engine_.reducer().layout_version() != layout_version_) {
                 point_gradients_at_buckets();
+            }
+        }
+        if constexpr (!unused_is_error) {
+            if (synchronized_) {
+                drop_unused_gradients(); // after any re-pointing, which defines them all
             }
         }
         if (synchronized_ && options_.broadcast_buffers) {
