@@ -2,7 +2,7 @@
 
 /// \file
 /// The MPI backend's all-reduce for large messages (mpi_communicator.hpp says why): a
-/// ring of non-blocking sends and receives, cut into segments, that the operation
+/// ring of non-blocking sends and receives, one pair per step, that the operation
 /// owning it drives step by step by polling.
 
 #include "unison/comm/collective.hpp"
@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -35,9 +36,12 @@ inline constexpr int mpi_ring_tag_base = max_user_tag + 1;
 inline constexpr int mpi_ring_tags = 1024;
 inline constexpr int mpi_handshake_tag_base = mpi_ring_tag_base + mpi_ring_tags;
 inline constexpr int mpi_handshake_tags = 1024;
-/// Ring messages are cut into segments of this size so that reducing one overlaps
-/// receiving the next.
-inline constexpr std::size_t mpi_ring_segment_bytes = 256 * 1024;
+/// The largest message of a ring step: a chunk above it goes as several messages
+/// (segments), so that every count fits MPI's int. Chunks below it go whole: cutting
+/// them finer (256 KiB) so that reducing one segment overlapped receiving the next
+/// measured 4-9% slower than one message per step over shared memory, and no faster
+/// over TCP (docs/performance.md).
+inline constexpr std::size_t mpi_ring_segment_bytes = std::size_t{1} << 30;
 
 /// One all-reduce as a ring: the schedule of its steps and the requests of the
 /// current one. The call and the label belong to the operation that owns the ring.
@@ -45,9 +49,12 @@ class mpi_ring_allreduce {
 public:
     /// The all-reduce `call`, the `sequence`-th collective of rank `rank` of the
     /// `size` ranks of `comm`; errors name `label`.
+    /// `segment_bytes` (the largest message) is a parameter for the tests only.
     mpi_ring_allreduce(MPI_Comm comm, int rank, int size, const collective_call& call,
-                       const call_label& label, std::uint64_t sequence)
-        : comm_(comm), rank_(rank), size_(size), call_(call), label_(label), sequence_(sequence) {}
+                       const call_label& label, std::uint64_t sequence,
+                       std::size_t segment_bytes = mpi_ring_segment_bytes)
+        : comm_(comm), rank_(rank), size_(size), call_(call), label_(label), sequence_(sequence),
+          segment_(std::clamp<std::size_t>(segment_bytes / size_of(call.type), 1, INT_MAX)) {}
     mpi_ring_allreduce(const mpi_ring_allreduce&) = delete;
     mpi_ring_allreduce& operator=(const mpi_ring_allreduce&) = delete;
 
@@ -65,13 +72,31 @@ public:
         post_step();
     }
 
-    /// Drives the ring: reduces arrived segments in order, moves to the next step once
-    /// this one's sends and receives are done; true when the last step is.
+    /// Drives the ring: once this step's sends are done, reduces its arrived segments
+    /// in order, and moves to the next step once they all are; true when the last
+    /// step is done.
+    ///
+    /// Sends first, as Open MPI's own ring does (a blocking send, then the wait for
+    /// the receive and the reduction): over shared memory the peer copies this rank's
+    /// chunk straight out of its memory (Open MPI's single-copy transfers), and
+    /// reducing while that copy still ran made the whole all-reduce 4-15% slower
+    /// than raw MPI_Allreduce in place (docs/performance.md). Over a network a step's
+    /// send and receive are the same size and end together, so little overlap is lost.
     bool progress() {
         const int n = size_;
         const std::size_t es = size_of(call_.type);
-        const std::size_t segment = std::max<std::size_t>(1, mpi_ring_segment_bytes / es);
         for (;;) {
+            if (!sent_) {
+                int flag = 0;
+                UNISON_CHECK_MPI(MPI_Testall(static_cast<int>(requests_.size()) - recv_segments_,
+                                             requests_.data() + recv_segments_, &flag,
+                                             MPI_STATUSES_IGNORE),
+                                 rank_, label_.str());
+                if (flag == 0) {
+                    return false;
+                }
+                sent_ = true;
+            }
             const bool scatter = step_ < n - 1;
             while (reduced_ < recv_segments_) {
                 int flag = 0;
@@ -82,8 +107,8 @@ public:
                     return false;
                 }
                 if (scatter) { // fold the arrived partial sum into my input's chunk
-                    const std::size_t lo = static_cast<std::size_t>(reduced_) * segment;
-                    const std::size_t len = std::min(segment, chunk_len(recv_chunk_) - lo);
+                    const std::size_t lo = static_cast<std::size_t>(reduced_) * segment_;
+                    const std::size_t len = std::min(segment_, chunk_len(recv_chunk_) - lo);
                     const void* inputs[2] = {in_at(recv_chunk_) + lo * es, scratch_ + lo * es};
                     void* outputs[1] = {out_at(recv_chunk_) + lo * es};
                     const bool last = step_ == n - 2;
@@ -91,14 +116,6 @@ public:
                                 last && call_.reduction == reduce_op::avg ? n : 1);
                 }
                 ++reduced_;
-            }
-            int flag = 0;
-            UNISON_CHECK_MPI(MPI_Testall(static_cast<int>(requests_.size()) - recv_segments_,
-                                         requests_.data() + recv_segments_, &flag,
-                                         MPI_STATUSES_IGNORE),
-                             rank_, label_.str());
-            if (flag == 0) {
-                return false;
             }
             if (++step_ == steps()) {
                 return true;
@@ -163,9 +180,8 @@ private:
         return static_cast<const std::byte*>(call_.send) + chunk_lo(i) * size_of(call_.type);
     }
 
-    /// Posts step `step_`: the chunk to send and the chunk to receive, each cut
-    /// into segments, so that a reduce-scatter step reduces the segments that have
-    /// arrived while the later ones are still in flight.
+    /// Posts step `step_`: the chunk to send and the chunk to receive, each in
+    /// segments of at most segment_ elements (one, but for chunks of a GiB and more).
     void post_step() {
         const int n = size_;
         const int next = (rank_ + 1) % n, prev = (rank_ + n - 1) % n;
@@ -186,14 +202,15 @@ private:
             send_from = out_at(send_chunk_);
             recv_into = out_at(recv_chunk_);
         }
-        const std::size_t segment = std::max<std::size_t>(1, mpi_ring_segment_bytes / es);
+        const std::size_t segment = segment_;
         const std::size_t recv_len = chunk_len(recv_chunk_), send_len = chunk_len(send_chunk_);
         recv_segments_ = static_cast<int>((recv_len + segment - 1) / segment);
         const int send_segments = static_cast<int>((send_len + segment - 1) / segment);
         requests_.assign(static_cast<std::size_t>(recv_segments_ + send_segments),
                          MPI_REQUEST_NULL);
         reduced_ = 0;
-        // A segment is at most mpi_ring_segment_bytes, so its count fits an int.
+        sent_ = false;
+        // A segment is at most segment_ elements, so its count fits an int.
         for (int k = 0; k < recv_segments_; ++k) {
             const std::size_t lo = static_cast<std::size_t>(k) * segment;
             check(MPI_Irecv(recv_into + lo * es, static_cast<int>(std::min(segment, recv_len - lo)),
@@ -221,12 +238,14 @@ private:
     const collective_call& call_;
     const call_label& label_;
     std::uint64_t sequence_;
+    std::size_t segment_; ///< elements per message at most
     std::byte* scratch_ = nullptr; ///< one chunk: the partial sum arriving in a reduce-scatter step
     int step_ = 0;
     int tag_ = 0;
     int send_chunk_ = 0, recv_chunk_ = 0;
     int recv_segments_ = 0; ///< receive requests of this step (first in requests_)
     int reduced_ = 0;       ///< receive segments of this step already folded in
+    bool sent_ = false;     ///< this step's sends are complete
     std::vector<MPI_Request> requests_;
 };
 

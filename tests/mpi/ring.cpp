@@ -1,0 +1,116 @@
+// The MPI backend's ring all-reduce (mpi/detail/ring_allreduce.hpp), driven
+// directly with small message limits so that its multi-segment steps run: through
+// the communicator every chunk below a GiB goes as one message per step, and only
+// these cases cut chunks into segments.
+
+#include <unison/mpi.hpp>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+/// Rank `rank`'s element i: multiples of 1/8 in [-125, 125], so that sums of four
+/// of them are exact in float and the reference needs no tolerance.
+float value(int rank, std::size_t i, std::uint64_t seed) {
+    std::uint64_t h = (static_cast<std::uint64_t>(rank) + 1) * 0x9E3779B97F4A7C15ull + i + seed;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 32;
+    return static_cast<float>(static_cast<int>(h % 2001) - 1000) / 8.0f;
+}
+
+/// Runs one ring to completion (at most 20 s); false when it did not finish.
+bool drive(unison::detail::mpi_ring_allreduce& ring, std::vector<std::byte>& scratch) {
+    scratch.assign(ring.scratch_bytes(), std::byte{0});
+    ring.start(scratch.data());
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!ring.progress()) {
+        if (std::chrono::steady_clock::now() > until) {
+            ring.cancel(std::chrono::milliseconds(100));
+            return false;
+        }
+    }
+    return true;
+}
+
+} // namespace
+
+TEST_CASE("mpi ring: segmented steps give the serial result, in place and out of place") {
+    MPI_Comm comm = MPI_COMM_NULL;
+    REQUIRE(MPI_Comm_dup(MPI_COMM_WORLD, &comm) == MPI_SUCCESS);
+    int rank = 0, n = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &n);
+
+    std::uint64_t sequence = 0;
+    std::vector<std::byte> scratch;
+    // Counts below, at and above the rank count and segment multiples; limits from
+    // one element per message to chunks that need no cut.
+    for (std::size_t count :
+         {std::size_t{1}, std::size_t{3}, std::size_t{1031}, std::size_t{70001}}) {
+        for (std::size_t segment_bytes : {std::size_t{4}, std::size_t{100}, std::size_t{4096},
+                                          unison::detail::mpi_ring_segment_bytes}) {
+            if (segment_bytes == 4 && count > 1031) {
+                continue; // one message per element: slow, and 1031 covers it
+            }
+            for (unison::reduce_op op :
+                 {unison::reduce_op::sum, unison::reduce_op::avg, unison::reduce_op::max}) {
+                for (bool in_place : {false, true}) {
+                    CAPTURE(count);
+                    CAPTURE(segment_bytes);
+                    CAPTURE(unison::to_string(op));
+                    CAPTURE(in_place);
+                    const std::uint64_t seed = sequence * 7919;
+                    std::vector<float> in(count), out(count, -1.0f);
+                    for (std::size_t i = 0; i < count; ++i) {
+                        in[i] = value(rank, i, seed);
+                    }
+                    const std::vector<float> original = in;
+                    float* result = in_place ? in.data() : out.data();
+                    unison::collective_call call{unison::operation::all_reduce, in.data(), result,
+                                                 count};
+                    call.type = unison::dtype::f32;
+                    call.reduction = op;
+                    const unison::detail::call_label label{unison::operation::all_reduce, sequence};
+                    unison::detail::mpi_ring_allreduce ring(comm, rank, n, call, label, sequence,
+                                                            segment_bytes);
+                    ++sequence;
+                    REQUIRE(drive(ring, scratch));
+
+                    std::size_t wrong = 0, first_wrong = count;
+                    for (std::size_t i = 0; i < count; ++i) {
+                        double want = value(0, i, seed);
+                        for (int r = 1; r < n; ++r) {
+                            const double v = value(r, i, seed);
+                            want = op == unison::reduce_op::max ? (v > want ? v : want) : want + v;
+                        }
+                        if (op == unison::reduce_op::avg) {
+                            want /= n;
+                        }
+                        // avg divides a float sum once, as the ring does: exact up
+                        // to that one rounding
+                        const double got = result[i];
+                        const double tolerance = op == unison::reduce_op::avg
+                                                     ? 1e-6 * (1.0 + (want < 0 ? -want : want))
+                                                     : 0.0;
+                        if (got - want > tolerance || want - got > tolerance) {
+                            ++wrong;
+                            first_wrong = first_wrong < i ? first_wrong : i;
+                        }
+                    }
+                    CHECK_MESSAGE(wrong == 0, wrong, " wrong, the first at ", first_wrong);
+                    if (!in_place) {
+                        CHECK(in == original); // the input is read, never written
+                    }
+                }
+            }
+        }
+    }
+    MPI_Comm_free(&comm);
+}
