@@ -78,6 +78,9 @@ struct bench_config {
     int root = 0; ///< -r
     output_format format = output_format::text;
     bool baseline = false;
+    /// --rounds: each size is timed this many times and its row holds the medians;
+    /// with the raw-MPI baseline each round times unison and raw MPI back to back.
+    int rounds = 1;
     bool help = false;
     /// argv[0]'s last component: "unison-bench", or an nccl-tests binary's name such
     /// as "all_reduce_perf", which selects the collective.
@@ -205,7 +208,12 @@ out of place and in place).
       --format <fmt>         text, json or csv [text]
       --baseline             also time references: local-add (a single-threaded
                              c[i] = a[i] + b[i] over the same bytes on rank 0) and,
-                             with -B mpi, raw-mpi (the same collective in plain MPI)
+                             with -B mpi, raw-mpi (the same collective in plain MPI,
+                             timed size by size right after unison's calls, so that
+                             both meet the same state of a noisy machine)
+      --rounds <n>           time every size n times and report the median time
+                             (with raw-mpi, the median of the n ratios; each round
+                             alternates which of the two goes first) [1]
   -h, --help                 this text
 
 Started under an nccl-tests binary's name (a link named all_reduce_perf,
@@ -357,7 +365,7 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
         {'h', "help", false},        {'a', "average", true},
         {'\0', "min-busbw", true},   {'i', "stepbytes", true},
         {'T', "timeout", true},      {'C', "report_cputime", true},
-        {'J', "output_file", true},
+        {'J', "output_file", true},  {'\0', "rounds", true},
     };
 
     bench_config cfg;
@@ -551,6 +559,8 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
                 cfg.collective_given = true;
             } else if (spec->long_name == "baseline") {
                 cfg.baseline = true;
+            } else if (spec->long_name == "rounds") {
+                cfg.rounds = static_cast<int>(integer_in(1, 1000, "a round count in [1, 1000]"));
             } else if (spec->long_name == "min-busbw") {
                 const auto v = detail::parse_decimal(value);
                 if (!v || *v < 0) {

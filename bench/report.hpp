@@ -197,10 +197,12 @@ public:
                     info.threads_per_process, info.devices_per_rank, c.min_bytes, c.max_bytes,
                     by_bytes ? c.step_bytes : c.step_factor, by_bytes ? "bytes" : "factor",
                     c.warmup_iters, c.iters, c.check ? 1 : 0);
-        std::printf("# unison-bench: %s, backend %s, %d ranks, dtype %s, op %s, root %d\n",
-                    std::string(to_string(c.collective)).c_str(),
-                    std::string(to_string(c.backend)).c_str(), info.ranks,
-                    detail::dtype_name(info).c_str(), info.op_name.c_str(), info.root);
+        std::printf(
+            "# unison-bench: %s, backend %s, %d ranks, dtype %s, op %s, root %d%s\n",
+            std::string(to_string(c.collective)).c_str(), std::string(to_string(c.backend)).c_str(),
+            info.ranks, detail::dtype_name(info).c_str(), info.op_name.c_str(), info.root,
+            c.rounds > 1 ? (", " + std::to_string(c.rounds) + " rounds (rows: the medians)").c_str()
+                         : "");
         std::printf("#\n# Using devices\n");
         for (const rank_device& d : info.devices) {
             std::printf("%s\n", device_line(d).c_str());
@@ -540,8 +542,9 @@ private:
                     info_.root);
         std::printf("  \"min_bytes\": %zu,\n  \"max_bytes\": %zu,\n  \"step_factor\": %zu,\n",
                     c.min_bytes, c.max_bytes, c.step_factor);
-        std::printf("  \"iters\": %d,\n  \"warmup_iters\": %d,\n  \"check\": %s,\n", c.iters,
-                    c.warmup_iters, c.check ? "true" : "false");
+        std::printf("  \"iters\": %d,\n  \"warmup_iters\": %d,\n  \"rounds\": %d,\n"
+                    "  \"check\": %s,\n",
+                    c.iters, c.warmup_iters, c.rounds, c.check ? "true" : "false");
         std::printf("  \"results\": [");
         std::fflush(stdout);
     }
@@ -673,7 +676,8 @@ public:
             ",\"collective\":" + json_quote(to_string(c.collective)) + ",\"ranks\":" +
             std::to_string(info.ranks) + ",\"dtype\":" + json_quote(to_string(c.type)) +
             ",\"op\":" + json_quote(info.op_name) + ",\"average\":" + std::to_string(c.average) +
-            ",\"report_cputime\":" + (c.report_cputime ? "1" : "0") + "}");
+            ",\"report_cputime\":" + (c.report_cputime ? "1" : "0") +
+            ",\"rounds\":" + std::to_string(c.rounds) + "}");
 
         const bool by_bytes = c.step_bytes > 0 && !c.step_factor_given;
         put(",\n\"config\":{\"nthreads\":" + std::to_string(info.threads_per_process) +

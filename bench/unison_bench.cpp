@@ -55,9 +55,11 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace unison::bench {
@@ -167,6 +169,56 @@ private:
     host_memory recv_;
 };
 
+/// The round of median time of one side (the upper median for an even count), with
+/// #wrong summed over all rounds.
+side_result median_side(const std::vector<size_result>& rounds, side_result size_result::*side) {
+    std::vector<const side_result*> by_time;
+    std::optional<std::uint64_t> wrong;
+    for (const size_result& r : rounds) {
+        by_time.push_back(&(r.*side));
+        if ((r.*side).wrong) {
+            wrong = wrong.value_or(0) + *(r.*side).wrong;
+        }
+    }
+    std::sort(by_time.begin(), by_time.end(),
+              [](const side_result* a, const side_result* b) { return a->seconds < b->seconds; });
+    side_result m = *by_time[by_time.size() / 2];
+    m.wrong = wrong;
+    return m;
+}
+
+/// The median over the rounds of unison's time over the baseline's in the same round.
+std::optional<double> median_ratio(const std::vector<size_result>& unison,
+                                   const std::vector<size_result>& baseline,
+                                   side_result size_result::*side) {
+    std::vector<double> ratios;
+    for (std::size_t k = 0; k < unison.size() && k < baseline.size(); ++k) {
+        if ((baseline[k].*side).seconds > 0) {
+            ratios.push_back((unison[k].*side).seconds / (baseline[k].*side).seconds);
+        }
+    }
+    if (ratios.empty()) {
+        return std::nullopt;
+    }
+    std::sort(ratios.begin(), ratios.end());
+    return ratios[ratios.size() / 2];
+}
+
+/// No raw-MPI baseline (the thread and NCCL backends): never called.
+struct no_partner {
+    void operator()(const std::byte*, std::byte*, const collective_shape&, bool) const {}
+};
+
+/// The raw-MPI baseline of a run: the call timed next to unison's, or why there is none.
+template <class Partner>
+struct raw_baseline {
+    Partner* call = nullptr;
+    std::string what;    ///< the baseline's description, when there is a call
+    std::string why_not; ///< why there is none, when there is no call
+    /// Its in-place reduce_scatter leaves the result at the start (MPI's convention).
+    bool result_at_start = false;
+};
+
 /// One rank's side of a benchmark run. `Memory` holds the rank's buffers
 /// (host_buffers, or device_buffers for NCCL).
 template <rank_control Control, class Memory>
@@ -191,28 +243,55 @@ public:
         ctl_.barrier();
     }
 
-    /// Times every size; rows go to `out` on the rank that has one. With `reference`
-    /// (unison's rows) each row also gets unison's time over this one.
-    /// `result_at_start`: the in-place reduce_scatter result is at offset 0 (MPI's
-    /// convention) rather than at block `rank` (unison's and NCCL's).
-    template <class Call>
-    std::vector<size_result> run_table(Call& call, reporter* out, bool baseline,
-                                       const std::vector<size_result>* reference = nullptr,
-                                       bool result_at_start = false) {
-        std::vector<size_result> rows;
+    /// Times every size cfg.rounds times; `call`'s rows go to `out` (on the rank that
+    /// has one) as they are made. With a `partner` (the raw-MPI baseline), each round
+    /// also times the partner at the same size, right after `call` in even rounds and
+    /// right before it in odd ones, so that both meet the same state of the machine;
+    /// the partner's rows are returned for its baseline table, each side's ratio the
+    /// median of the rounds' ratios. A row is the round of median time (#wrong summed
+    /// over the rounds). `partner_result_at_start`: its in-place reduce_scatter result
+    /// is at offset 0 (MPI's convention) rather than at block `rank` (unison's).
+    template <class Call, class Partner>
+    std::pair<std::vector<size_result>, std::vector<size_result>>
+    run_tables(Call& call, Partner* partner, reporter* out, bool partner_result_at_start) {
+        std::vector<size_result> rows, partner_rows;
         for (std::size_t bytes : bench_sizes(cfg_)) {
             const collective_shape s = shape(bytes);
-            size_result r{s, time_side(call, s, false, false),
-                          time_side(call, s, true, result_at_start)};
-            if (reference != nullptr && rows.size() < reference->size()) {
-                set_ratios(r, (*reference)[rows.size()]);
+            std::vector<size_result> mine, theirs;
+            auto time_call = [&] {
+                mine.push_back(
+                    {s, time_side(call, s, false, false), time_side(call, s, true, false)});
+            };
+            auto time_partner = [&] {
+                theirs.push_back({s, time_side(*partner, s, false, partner_result_at_start),
+                                  time_side(*partner, s, true, partner_result_at_start)});
+            };
+            for (int round = 0; round < cfg_.rounds; ++round) {
+                if (partner != nullptr && round % 2 == 1) {
+                    time_partner();
+                    time_call();
+                } else {
+                    time_call();
+                    if (partner != nullptr) {
+                        time_partner();
+                    }
+                }
             }
+            const size_result r{s, median_side(mine, &size_result::out_of_place),
+                                median_side(mine, &size_result::in_place)};
             if (out != nullptr) {
-                baseline ? out->baseline_row(r) : out->row(r);
+                out->row(r);
             }
             rows.push_back(r);
+            if (partner != nullptr) {
+                size_result p{s, median_side(theirs, &size_result::out_of_place),
+                              median_side(theirs, &size_result::in_place)};
+                p.out_of_place.ratio = median_ratio(mine, theirs, &size_result::out_of_place);
+                p.in_place.ratio = median_ratio(mine, theirs, &size_result::in_place);
+                partner_rows.push_back(p);
+            }
         }
-        return rows;
+        return {rows, partner_rows};
     }
 
     /// The local-add baseline: rank 0 times c = a + b and a += b over each size's
@@ -406,25 +485,38 @@ constexpr std::string_view local_add_description =
     "single-threaded c[i] = a[i] + b[i] (out of place) and a[i] += b[i] (in place) over "
     "`size` bytes of the same dtype on rank 0, timed the same way: the host's memory speed";
 
-/// The whole run on one rank: warm-up, main table, baselines. `out` is non-null on
-/// rank 0 only. `raw_table` runs the raw-MPI baseline (or reports why it cannot);
-/// a non-empty `no_local_add` says why the local-add baseline does not apply.
+/// The whole run on one rank: warm-up, main table (timed alongside the raw-MPI
+/// baseline where there is one), baselines. `out` is non-null on rank 0 only. A
+/// non-empty `no_local_add` says why the local-add baseline does not apply.
 /// Returns the total of #wrong, plus one when the average bus bandwidth is below
 /// --min-busbw (or NCCL_TESTS_MIN_BW): the run failed when it is not 0. Known on every
 /// rank.
-template <rank_control Control, class Memory, class Call, class RawTable>
+template <rank_control Control, class Memory, class Call, class Partner>
 std::uint64_t run_rank(const bench_config& cfg, Control& ctl, Memory& mem, Call& call, int rank,
-                       int ranks, reporter* out, RawTable&& raw_table,
+                       int ranks, reporter* out, const raw_baseline<Partner>& raw,
                        std::string_view no_local_add = {}) {
     rank_driver<Control, Memory> driver(cfg, ctl, mem, rank, ranks);
     driver.warm_up(call);
-    const std::vector<size_result> rows = driver.run_table(call, out, false);
+    Partner* partner = cfg.baseline ? raw.call : nullptr;
+    if (partner != nullptr) {
+        driver.warm_up(*partner);
+    }
+    const auto [rows, raw_rows] = driver.run_tables(call, partner, out, raw.result_at_start);
     const table_summary total = summarize(rows);
     if (out != nullptr) {
         out->end_main(total.wrong, total.avg_busbw);
     }
     if (cfg.baseline) {
-        raw_table(driver, rows, out);
+        if (out != nullptr) {
+            if (partner != nullptr) {
+                out->begin_baseline("raw-mpi", raw.what);
+                for (const size_result& r : raw_rows) {
+                    out->baseline_row(r);
+                }
+            } else {
+                out->skip_baseline("raw-mpi", raw.why_not);
+            }
+        }
         if (!no_local_add.empty()) {
             if (out != nullptr) {
                 out->skip_baseline("local-add", no_local_add);
@@ -443,11 +535,7 @@ std::uint64_t run_rank(const bench_config& cfg, Control& ctl, Memory& mem, Call&
 }
 
 /// For backends other than MPI: the raw-MPI baseline does not apply.
-void no_raw_table(const std::vector<size_result>&, reporter* out) {
-    if (out != nullptr) {
-        out->skip_baseline("raw-mpi", "needs -B mpi");
-    }
-}
+const raw_baseline<no_partner> no_raw_mpi{nullptr, {}, "needs -B mpi"};
 
 // ------------------------------------------------------------------ thread backend
 
@@ -467,9 +555,8 @@ int run_thread_backend(const bench_config& cfg) {
         if (mine != nullptr) {
             mine->begin(info);
         }
-        const std::uint64_t w = run_rank(cfg, ctl, mem, call, comm.rank(), comm.size(), mine,
-                                         [](auto&, const std::vector<size_result>& rows,
-                                            reporter* o) { no_raw_table(rows, o); });
+        const std::uint64_t w =
+            run_rank(cfg, ctl, mem, call, comm.rank(), comm.size(), mine, no_raw_mpi);
         if (comm.rank() == 0) {
             wrong = w;
         }
@@ -688,29 +775,22 @@ int run_mpi_ranks(const bench_config& cfg) {
     mpi_control ctl{MPI_COMM_WORLD};
     unison_call<mpi_communicator> call{comm, cfg.collective, cfg.type, cfg.op, cfg.root};
     host_buffers mem(cfg.max_bytes);
-    auto raw_table = [&](auto& driver, const std::vector<size_result>& rows, reporter* o) {
-        const bool reducing = reduces(cfg.collective);
-        const MPI_Datatype type = raw_mpi_type(cfg.type, reducing);
-        const MPI_Op op = reducing ? raw_mpi_op(cfg.op) : MPI_OP_NULL;
-        if (type == MPI_DATATYPE_NULL || (reducing && op == MPI_OP_NULL)) {
-            if (o != nullptr) {
-                o->skip_baseline("raw-mpi", type == MPI_DATATYPE_NULL
-                                                ? "MPI has no reduction for half or bfloat16"
-                                                : "MPI has no avg reduction");
-            }
-            return;
-        }
-        if (o != nullptr) {
-            const std::string what = std::string(raw_mpi_name(cfg.collective)) +
-                                     " (MPI_IN_PLACE in place) on the same buffers, sizes "
-                                     "and dtype, timed and checked the same way";
-            o->begin_baseline("raw-mpi", what);
-        }
-        raw_mpi_call raw{MPI_COMM_WORLD, cfg.collective, type, op, cfg.root, rank};
-        driver.warm_up(raw);
-        driver.run_table(raw, o, true, &rows, cfg.collective == collective_kind::reduce_scatter);
-    };
-    const std::uint64_t wrong = run_rank(cfg, ctl, mem, call, rank, ranks, mine_out, raw_table);
+    const bool reducing = reduces(cfg.collective);
+    const MPI_Datatype type = raw_mpi_type(cfg.type, reducing);
+    const MPI_Op op = reducing ? raw_mpi_op(cfg.op) : MPI_OP_NULL;
+    raw_mpi_call raw_call{MPI_COMM_WORLD, cfg.collective, type, op, cfg.root, rank};
+    raw_baseline<raw_mpi_call> raw;
+    if (type == MPI_DATATYPE_NULL || (reducing && op == MPI_OP_NULL)) {
+        raw.why_not = type == MPI_DATATYPE_NULL ? "MPI has no reduction for half or bfloat16"
+                                                : "MPI has no avg reduction";
+    } else {
+        raw.call = &raw_call;
+        raw.what = std::string(raw_mpi_name(cfg.collective)) +
+                   " (MPI_IN_PLACE in place) on the same buffers, sizes and dtype, timed and "
+                   "checked the same way, size by size alternating with unison's calls";
+        raw.result_at_start = cfg.collective == collective_kind::reduce_scatter;
+    }
+    const std::uint64_t wrong = run_rank(cfg, ctl, mem, call, rank, ranks, mine_out, raw);
     return wrong == 0 ? 0 : 1;
 }
 
@@ -818,10 +898,9 @@ int run_nccl_ranks(const bench_config& cfg) {
     const unison_call<nccl_communicator> call{
         comm, cfg.collective, cfg.type, cfg.op, cfg.root, device::cuda(comm.device()), &pending};
     device_buffers mem(cfg.max_bytes, rank, comm.stream());
-    const std::uint64_t wrong = run_rank(
-        cfg, ctl, mem, call, rank, ranks, mine_out,
-        [](auto&, const std::vector<size_result>& rows, reporter* o) { no_raw_table(rows, o); },
-        "the NCCL backend moves device memory, and a host loop is no reference for it");
+    const std::uint64_t wrong =
+        run_rank(cfg, ctl, mem, call, rank, ranks, mine_out, no_raw_mpi,
+                 "the NCCL backend moves device memory, and a host loop is no reference for it");
     return wrong == 0 ? 0 : 1;
 }
 
