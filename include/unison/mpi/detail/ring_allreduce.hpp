@@ -238,7 +238,7 @@ private:
     const collective_call& call_;
     const call_label& label_;
     std::uint64_t sequence_;
-    std::size_t segment_; ///< elements per message at most
+    std::size_t segment_;          ///< elements per message at most
     std::byte* scratch_ = nullptr; ///< one chunk: the partial sum arriving in a reduce-scatter step
     int step_ = 0;
     int tag_ = 0;
