@@ -1,7 +1,8 @@
 // The MPI backend's ring all-reduce (mpi/detail/ring_allreduce.hpp), driven
 // directly with small message limits so that its multi-segment steps run: through
 // the communicator every chunk below a GiB goes as one message per step, and only
-// these cases cut chunks into segments.
+// these cases cut chunks into segments. Also over several tensors laid end to end
+// (a coalesced all-reduce's runs), cut at their edges and at the message limits.
 
 #include <unison/mpi.hpp>
 
@@ -79,7 +80,7 @@ TEST_CASE("mpi ring: segmented steps give the serial result, in place and out of
                     call.reduction = op;
                     const unison::detail::call_label label{unison::operation::all_reduce, sequence};
                     unison::detail::mpi_ring_allreduce ring(comm, rank, n, call, label, sequence,
-                                                            segment_bytes);
+                                                            {}, segment_bytes);
                     ++sequence;
                     REQUIRE(drive(ring, scratch));
 
@@ -109,6 +110,86 @@ TEST_CASE("mpi ring: segmented steps give the serial result, in place and out of
                         CHECK(in == original); // the input is read, never written
                     }
                 }
+            }
+        }
+    }
+    MPI_Comm_free(&comm);
+}
+
+TEST_CASE("mpi ring: runs of several tensors give the serial result, message limits and all") {
+    MPI_Comm comm = MPI_COMM_NULL;
+    REQUIRE(MPI_Comm_dup(MPI_COMM_WORLD, &comm) == MPI_SUCCESS);
+    int rank = 0, n = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &n);
+
+    std::uint64_t sequence = 0;
+    std::vector<std::byte> scratch;
+    // Tensor sizes that put chunk boundaries inside tensors, at their edges, and
+    // leave whole tensors inside one chunk; empty tensors are never extents.
+    const std::vector<std::vector<std::size_t>> layouts = {
+        {1}, {5, 1, 7}, {1000, 3, 2048, 17}, {30000, 1, 1, 12345, 999}, {8, 8, 8, 8, 8, 8, 8, 8}};
+    for (const auto& sizes : layouts) {
+        for (std::size_t segment_bytes :
+             {std::size_t{4}, std::size_t{100}, unison::detail::mpi_ring_segment_bytes}) {
+            std::size_t count = 0;
+            for (std::size_t s : sizes) {
+                count += s;
+            }
+            if (segment_bytes == 4 && count > 5000) {
+                continue; // one message per element: slow
+            }
+            for (unison::reduce_op op : {unison::reduce_op::sum, unison::reduce_op::avg}) {
+                CAPTURE(count);
+                CAPTURE(sizes.size());
+                CAPTURE(segment_bytes);
+                CAPTURE(unison::to_string(op));
+                const std::uint64_t seed = sequence * 7919 + 17;
+                std::vector<std::vector<float>> tensors;
+                std::vector<unison::detail::mpi_ring_extent> extents;
+                std::size_t start = 0;
+                tensors.reserve(sizes.size());
+                for (std::size_t s : sizes) {
+                    tensors.emplace_back(s);
+                    for (std::size_t i = 0; i < s; ++i) {
+                        tensors.back()[i] = value(rank, start + i, seed);
+                    }
+                    auto* p = reinterpret_cast<std::byte*>(tensors.back().data());
+                    extents.push_back({p, p, start, s});
+                    start += s;
+                }
+                unison::collective_call call{unison::operation::all_reduce, tensors[0].data(),
+                                             tensors[0].data(), count};
+                call.type = unison::dtype::f32;
+                call.reduction = op;
+                const unison::detail::call_label label{unison::operation::all_reduce, sequence};
+                unison::detail::mpi_ring_allreduce ring(
+                    comm, rank, n, call, label, sequence,
+                    std::span<const unison::detail::mpi_ring_extent>(extents), segment_bytes);
+                ++sequence;
+                REQUIRE(drive(ring, scratch));
+
+                std::size_t wrong = 0, first_wrong = count, at = 0;
+                for (const auto& t : tensors) {
+                    for (float got : t) {
+                        double want = 0;
+                        for (int r = 0; r < n; ++r) {
+                            want += value(r, at, seed);
+                        }
+                        if (op == unison::reduce_op::avg) {
+                            want /= n;
+                        }
+                        const double tolerance = op == unison::reduce_op::avg
+                                                     ? 1e-6 * (1.0 + (want < 0 ? -want : want))
+                                                     : 0.0;
+                        if (got - want > tolerance || want - got > tolerance) {
+                            ++wrong;
+                            first_wrong = first_wrong < at ? first_wrong : at;
+                        }
+                        ++at;
+                    }
+                }
+                CHECK_MESSAGE(wrong == 0, wrong, " wrong, the first at ", first_wrong);
             }
         }
     }

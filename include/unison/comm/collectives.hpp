@@ -105,9 +105,9 @@ all_reduce_async(C& comm, InOut&& inout, reduce_op op = reduce_op::sum, call_sta
 /// ranks, in one call that treats them as one buffer laid end to end (PyTorch's
 /// allreduce_coalesced). Every rank passes tensors of the same sizes in the same
 /// order (call matching compares the sizes). For communicators that reduce straight
-/// between the tensors (`reduces_coalesced<C>`: the thread backend), which saves
-/// the copies into and out of a staging buffer that reducing them as one would cost
-/// elsewhere. `tensors` (the array, not only their memory) must outlive the call.
+/// between the tensors (`reduces_coalesced<C>`: the thread and MPI backends), which
+/// saves the copies into and out of a staging buffer that reducing them as one would
+/// cost elsewhere. `tensors` (the array, not only their memory) must outlive the call.
 template <communicator C>
 requires reduces_coalesced<C>
 void all_reduce_coalesced(C& comm, std::span<const buffer> tensors, reduce_op op = reduce_op::sum,

@@ -69,7 +69,8 @@ inline constexpr bool moves_host_memory<C> = C::moves_host_memory;
 /// Whether communicator `C` reduces several host tensors in place as one buffer,
 /// straight between them (all_reduce_coalesced): no staging copy in and out. A
 /// backend says so with `static constexpr bool reduces_coalesced = true` (the thread
-/// backend, whose ranks read each other's memory); the others do not.
+/// backend, whose ranks read each other's memory, and the MPI backend, whose ring
+/// sends from and receives into the tensors); the others (NCCL) do not.
 template <class C>
 inline constexpr bool reduces_coalesced = false;
 template <class C>

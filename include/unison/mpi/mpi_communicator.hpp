@@ -77,6 +77,10 @@ private:
 class mpi_communicator {
 public:
     using request_type = mpi_request;
+    /// Reduces several host tensors in place as one buffer (all_reduce_coalesced):
+    /// the ring sends and receives straight from and into them (tensors under
+    /// mpi_piece_min_bytes, and whole calls under 64 KiB, go through one staging copy).
+    static constexpr bool reduces_coalesced = true;
 
     /// Duplicates `comm`; MPI must be initialized (see mpi_environment).
     explicit mpi_communicator(MPI_Comm comm, comm_options options = comm_options::from_env()) {

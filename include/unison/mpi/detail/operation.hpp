@@ -157,6 +157,7 @@ public:
     ~mpi_operation() {
         state_.deactivate(this);
         state_.give_scratch(std::move(scratch_));
+        state_.give_scratch(std::move(stage_));
     }
 
     /// Sets the operation up for `c`, the `seq`-th call of its kind.
@@ -173,6 +174,9 @@ public:
         ring_.reset();
         state_.give_scratch(std::move(scratch_));
         scratch_ = {};
+        state_.give_scratch(std::move(stage_));
+        stage_ = {};
+        extents_.clear();
     }
 
     std::string label() const { return label_.str(); }
@@ -250,10 +254,14 @@ public:
         }
         const bool small = c.count * size_of(c.type) < mpi_ring_min_bytes;
         fused_ = c.op == operation::all_reduce && small;
+        if (!c.pieces.empty()) {
+            stage_pieces(small);
+        }
         // The ring matches its messages by tag; every other collective but the
-        // barrier (which the handshake is) posts an MPI collective, in issue order.
-        ordered_ = c.op != operation::barrier &&
-                   !(c.op == operation::all_reduce && (small || state_.size > 1));
+        // barrier (which the handshake is) and a coalesced all-reduce (whose one rank
+        // has nothing to do) posts an MPI collective, in issue order.
+        ordered_ = c.op != operation::barrier && !(c.op == operation::all_reduce &&
+                                                   (small || state_.size > 1 || !c.pieces.empty()));
         phase_ = phase::handshake;
         handshake_.start(state_.comm, state_.rank, state_.size,
                          mpi_handshake_tag_base + static_cast<int>(sequence_ % mpi_handshake_tags),
@@ -264,6 +272,55 @@ public:
     }
 
 private:
+    /// A coalesced all-reduce: copies into stage_ the pieces that go through it (all
+    /// of them for a small call, which the handshake reduces as one buffer; those
+    /// under mpi_piece_min_bytes otherwise) and lays out the ring's extents: the
+    /// other pieces in place, in order, then the stage. finish() copies the stage back.
+    void stage_pieces(bool small) {
+        collective_call& c = call_;
+        const std::size_t es = size_of(c.type);
+        auto staged = [&](const buffer& p) { return small || p.count * es < mpi_piece_min_bytes; };
+        std::size_t bytes = 0;
+        for (const buffer& p : c.pieces) {
+            bytes += staged(p) ? p.count * es : 0;
+        }
+        if (bytes != 0) {
+            stage_ = state_.take_scratch(bytes);
+        }
+        std::size_t at = 0, start = 0;
+        for (const buffer& p : c.pieces) {
+            if (p.count == 0) {
+                continue;
+            }
+            if (staged(p)) {
+                std::memcpy(stage_.data() + at, p.data, p.count * es);
+                at += p.count * es;
+            } else {
+                auto* data = static_cast<std::byte*>(p.data);
+                extents_.push_back(mpi_ring_extent{data, data, start, p.count});
+                start += p.count;
+            }
+        }
+        if (small) { // one buffer, in place, for the handshake
+            c.send = c.recv = stage_.data();
+        } else if (bytes != 0) {
+            extents_.push_back(mpi_ring_extent{stage_.data(), stage_.data(), start, bytes / es});
+        }
+    }
+
+    /// Copies the staged pieces back (stage_pieces' order).
+    void unstage_pieces() noexcept {
+        const std::size_t es = size_of(call_.type);
+        const bool small = call_.recv == static_cast<void*>(stage_.data());
+        std::size_t at = 0;
+        for (const buffer& p : call_.pieces) {
+            if (p.count != 0 && (small || p.count * es < mpi_piece_min_bytes)) {
+                std::memcpy(p.data, stage_.data() + at, p.count * es);
+                at += p.count * es;
+            }
+        }
+    }
+
     /// Posts the call itself (after the handshake, for a collective).
     void post_call() {
         phase_ = phase::posted;
@@ -277,8 +334,12 @@ private:
         MPI_Comm comm = state_.comm;
         switch (c.op) {
         case operation::all_reduce:
+            if (!c.pieces.empty() && n == 1) {
+                return; // in place, and one rank's sum or average is its input
+            }
             if (c.count * es >= mpi_ring_min_bytes && n > 1) {
-                ring_.emplace(comm, state_.rank, n, call_, label_, sequence_);
+                ring_.emplace(comm, state_.rank, n, call_, label_, sequence_,
+                              std::span<const mpi_ring_extent>(extents_));
                 scratch_ = state_.take_scratch(ring_->scratch_bytes());
                 ring_->start(scratch_.data());
             } else {
@@ -407,7 +468,7 @@ private:
                 return;
             }
             if (fused_) {
-                done_ = true;
+                finish();
                 return;
             }
             if (ordered_) {
@@ -483,6 +544,9 @@ private:
             host_reduce(call_.type, reduce_op::sum, const_cast<const void* const*>(&out), 1, &out,
                         1, call_.count, state_.size);
         }
+        if (!stage_.empty()) {
+            unstage_pieces();
+        }
     }
 
     enum class phase { handshake, posted };
@@ -504,6 +568,8 @@ private:
     bool copy_back_ = false;
     std::optional<mpi_ring_allreduce> ring_; ///< large all-reduces only
     std::vector<std::byte> scratch_;
+    std::vector<std::byte> stage_;         ///< coalesced: the pieces copied, see stage_pieces
+    std::vector<mpi_ring_extent> extents_; ///< coalesced: the ring's elements
     std::vector<int> counts_, displs_;
 };
 

@@ -3,7 +3,10 @@
 /// \file
 /// The MPI backend's all-reduce for large messages (mpi_communicator.hpp says why): a
 /// ring of non-blocking sends and receives, one pair per step, that the operation
-/// owning it drives step by step by polling.
+/// owning it drives step by step by polling. The elements it reduces are one buffer
+/// or several laid end to end (a coalesced all-reduce): a step then sends and
+/// receives one message per tensor its chunk touches, straight from and into the
+/// tensors, so no rank packs them.
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/detail/validate.hpp"
@@ -20,6 +23,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,18 +47,38 @@ inline constexpr int mpi_handshake_tags = 1024;
 /// over TCP (docs/performance.md).
 inline constexpr std::size_t mpi_ring_segment_bytes = std::size_t{1} << 30;
 
+/// A coalesced all-reduce's tensors under this many bytes are copied into one staging
+/// buffer that the ring reduces as one more run, rather than each sent as messages of
+/// its own: one message costs about what copying a few KiB in and out does.
+inline constexpr std::size_t mpi_piece_min_bytes = 16 * 1024;
+
+/// A run of the ring's elements in memory: elements [start, start + count) of the
+/// all-reduce, read from `in` and written to `out` (the same for in place).
+struct mpi_ring_extent {
+    const std::byte* in = nullptr;
+    std::byte* out = nullptr;
+    std::size_t start = 0;
+    std::size_t count = 0;
+};
+
 /// One all-reduce as a ring: the schedule of its steps and the requests of the
 /// current one. The call and the label belong to the operation that owns the ring.
 class mpi_ring_allreduce {
 public:
     /// The all-reduce `call`, the `sequence`-th collective of rank `rank` of the
-    /// `size` ranks of `comm`; errors name `label`.
-    /// `segment_bytes` (the largest message) is a parameter for the tests only.
+    /// `size` ranks of `comm`; errors name `label`. Its elements are `extents` (in
+    /// order of `start`, covering [0, call.count) without gaps, the same counts on
+    /// every rank; they must outlive the ring), or, when that is empty, call.send and
+    /// call.recv. `segment_bytes` (the largest message) is a parameter for the tests only.
     mpi_ring_allreduce(MPI_Comm comm, int rank, int size, const collective_call& call,
                        const call_label& label, std::uint64_t sequence,
+                       std::span<const mpi_ring_extent> extents = {},
                        std::size_t segment_bytes = mpi_ring_segment_bytes)
         : comm_(comm), rank_(rank), size_(size), call_(call), label_(label), sequence_(sequence),
-          segment_(std::clamp<std::size_t>(segment_bytes / size_of(call.type), 1, INT_MAX)) {}
+          segment_(std::clamp<std::size_t>(segment_bytes / size_of(call.type), 1, INT_MAX)),
+          whole_{static_cast<const std::byte*>(call.send), static_cast<std::byte*>(call.recv), 0,
+                 call.count},
+          extents_(extents.empty() ? std::span<const mpi_ring_extent>(&whole_, 1) : extents) {}
     mpi_ring_allreduce(const mpi_ring_allreduce&) = delete;
     mpi_ring_allreduce& operator=(const mpi_ring_allreduce&) = delete;
 
@@ -107,12 +131,11 @@ public:
                     return false;
                 }
                 if (scatter) { // fold the arrived partial sum into my input's chunk
-                    const std::size_t lo = static_cast<std::size_t>(reduced_) * segment_;
-                    const std::size_t len = std::min(segment_, chunk_len(recv_chunk_) - lo);
-                    const void* inputs[2] = {in_at(recv_chunk_) + lo * es, scratch_ + lo * es};
-                    void* outputs[1] = {out_at(recv_chunk_) + lo * es};
+                    const part& p = recv_parts_[static_cast<std::size_t>(reduced_)];
+                    const void* inputs[2] = {p.in, scratch_ + p.offset * es};
+                    void* outputs[1] = {p.out};
                     const bool last = step_ == n - 2;
-                    host_reduce(call_.type, call_.reduction, inputs, 2, outputs, 1, len,
+                    host_reduce(call_.type, call_.reduction, inputs, 2, outputs, 1, p.count,
                                 last && call_.reduction == reduce_op::avg ? n : 1);
                 }
                 ++reduced_;
@@ -173,57 +196,77 @@ private:
         const int n = size_;
         return ((rank_ + offset) % n + n) % n;
     }
-    std::byte* out_at(int i) const noexcept {
-        return static_cast<std::byte*>(call_.recv) + chunk_lo(i) * size_of(call_.type);
-    }
-    const std::byte* in_at(int i) const noexcept {
-        return static_cast<const std::byte*>(call_.send) + chunk_lo(i) * size_of(call_.type);
+    /// One message of a step: `count` elements `offset` into its chunk, at `in` and
+    /// `out` in the caller's memory.
+    struct part {
+        const std::byte* in;
+        std::byte* out;
+        std::size_t offset;
+        std::size_t count;
+    };
+
+    /// Calls f(part) for the messages of chunk `i`, in order: one per extent the
+    /// chunk touches, cut into segments of at most segment_ elements. Every rank
+    /// cuts a chunk alike (the extents' counts agree), so the k-th message one rank
+    /// sends is the k-th its neighbour receives.
+    template <class F>
+    void for_each_part(int i, F&& f) const {
+        const std::size_t lo = chunk_lo(i), hi = chunk_lo(i + 1);
+        if (lo == hi) {
+            return;
+        }
+        const std::size_t es = size_of(call_.type);
+        // The first extent that ends past lo.
+        auto e = std::upper_bound(
+            extents_.begin(), extents_.end(), lo,
+            [](std::size_t at, const mpi_ring_extent& x) { return at < x.start + x.count; });
+        for (; e != extents_.end() && e->start < hi; ++e) {
+            const std::size_t a = std::max(lo, e->start), b = std::min(hi, e->start + e->count);
+            for (std::size_t at = a; at < b; at += segment_) {
+                const std::size_t into = (at - e->start) * es;
+                f(part{e->in + into, e->out + into, at - lo, std::min(segment_, b - at)});
+            }
+        }
     }
 
-    /// Posts step `step_`: the chunk to send and the chunk to receive, each in
-    /// segments of at most segment_ elements (one, but for chunks of a GiB and more).
+    /// Posts step `step_`: the chunk to send and the chunk to receive, as messages of
+    /// for_each_part.
     void post_step() {
         const int n = size_;
         const int next = (rank_ + 1) % n, prev = (rank_ + n - 1) % n;
         const MPI_Datatype t = mpi_datatype(call_.type);
         const std::size_t es = size_of(call_.type);
         const int s = step_;
-        const std::byte* send_from = nullptr;
-        std::byte* recv_into = nullptr;
-        if (s < n - 1) { // reduce-scatter
+        const bool scatter = s < n - 1;
+        bool send_input = false;
+        if (scatter) { // reduce-scatter
             send_chunk_ = chunk(-s - 1);
             recv_chunk_ = chunk(-s - 2);
-            send_from = s == 0 ? in_at(send_chunk_) : out_at(send_chunk_);
-            recv_into = scratch_;
+            send_input = s == 0;
         } else { // all-gather
             const int g = s - (n - 1);
             send_chunk_ = chunk(-g);
             recv_chunk_ = chunk(-g - 1);
-            send_from = out_at(send_chunk_);
-            recv_into = out_at(recv_chunk_);
         }
-        const std::size_t segment = segment_;
-        const std::size_t recv_len = chunk_len(recv_chunk_), send_len = chunk_len(send_chunk_);
-        recv_segments_ = static_cast<int>((recv_len + segment - 1) / segment);
-        const int send_segments = static_cast<int>((send_len + segment - 1) / segment);
-        requests_.assign(static_cast<std::size_t>(recv_segments_ + send_segments),
-                         MPI_REQUEST_NULL);
+        recv_parts_.clear();
+        for_each_part(recv_chunk_, [&](const part& p) { recv_parts_.push_back(p); });
+        recv_segments_ = static_cast<int>(recv_parts_.size());
+        requests_.assign(recv_parts_.size(), MPI_REQUEST_NULL);
         reduced_ = 0;
         sent_ = false;
-        // A segment is at most segment_ elements, so its count fits an int.
-        for (int k = 0; k < recv_segments_; ++k) {
-            const std::size_t lo = static_cast<std::size_t>(k) * segment;
-            check(MPI_Irecv(recv_into + lo * es, static_cast<int>(std::min(segment, recv_len - lo)),
-                            t, prev, tag_, comm_, &requests_[static_cast<std::size_t>(k)]),
+        // A part is at most segment_ elements, so its count fits an int.
+        for (std::size_t k = 0; k < recv_parts_.size(); ++k) {
+            const part& p = recv_parts_[k];
+            std::byte* into = scatter ? scratch_ + p.offset * es : p.out;
+            check(MPI_Irecv(into, static_cast<int>(p.count), t, prev, tag_, comm_, &requests_[k]),
                   "MPI_Irecv (ring)");
         }
-        for (int k = 0; k < send_segments; ++k) {
-            const std::size_t lo = static_cast<std::size_t>(k) * segment;
-            check(MPI_Isend(send_from + lo * es, static_cast<int>(std::min(segment, send_len - lo)),
-                            t, next, tag_, comm_,
-                            &requests_[static_cast<std::size_t>(recv_segments_ + k)]),
+        for_each_part(send_chunk_, [&](const part& p) {
+            requests_.push_back(MPI_REQUEST_NULL);
+            check(MPI_Isend(send_input ? p.in : p.out, static_cast<int>(p.count), t, next, tag_,
+                            comm_, &requests_.back()),
                   "MPI_Isend (ring)");
-        }
+        });
     }
 
     void check(int rc, const char* what) const {
@@ -238,14 +281,17 @@ private:
     const collective_call& call_;
     const call_label& label_;
     std::uint64_t sequence_;
-    std::size_t segment_;          ///< elements per message at most
+    std::size_t segment_;   ///< elements per message at most
+    mpi_ring_extent whole_; ///< the call's one buffer, when no extents are given
+    std::span<const mpi_ring_extent> extents_;
     std::byte* scratch_ = nullptr; ///< one chunk: the partial sum arriving in a reduce-scatter step
     int step_ = 0;
     int tag_ = 0;
     int send_chunk_ = 0, recv_chunk_ = 0;
-    int recv_segments_ = 0; ///< receive requests of this step (first in requests_)
-    int reduced_ = 0;       ///< receive segments of this step already folded in
-    bool sent_ = false;     ///< this step's sends are complete
+    int recv_segments_ = 0;        ///< receive requests of this step (first in requests_)
+    int reduced_ = 0;              ///< receive segments of this step already folded in
+    std::vector<part> recv_parts_; ///< this step's receives, in order
+    bool sent_ = false;            ///< this step's sends are complete
     std::vector<MPI_Request> requests_;
 };
 
