@@ -28,7 +28,7 @@ namespace unison::test::coalesced {
 
 /// Sizes of the pieces of round `round`: empty, tiny, a few thousand elements, and
 /// (from round 4) tens of thousands, so that calls run both under and over the
-/// MPI backend's 64 KiB and pieces both under and over its 16 KiB staging limit.
+/// MPI backend's 64 KiB and pieces both under and over its 4 KiB staging limit.
 inline std::vector<std::size_t> piece_sizes(std::uint64_t round) {
     std::vector<std::size_t> sizes;
     const std::size_t pieces = 1 + mix(round, 99, 0) % 9;

@@ -55,12 +55,23 @@ public:
     mpi_rank_state& operator=(const mpi_rank_state&) = delete;
     ~mpi_rank_state();
 
-    /// A scratch buffer of at least `bytes`, reused across calls.
+    /// A scratch buffer of at least `bytes`, reused across calls: the smallest free
+    /// one that is large enough, else the largest, grown. (Calls in flight at once
+    /// take buffers of different sizes, a ring's chunk and a coalesced call's staging
+    /// copy; handing the small one to the ring would allocate and clear megabytes.)
     std::vector<std::byte> take_scratch(std::size_t bytes) {
         std::vector<std::byte> s;
         if (!scratch_.empty()) {
-            s = std::move(scratch_.back());
-            scratch_.pop_back();
+            auto pick = scratch_.begin();
+            for (auto it = scratch_.begin(); it != scratch_.end(); ++it) {
+                const bool fits = it->size() >= bytes, picked_fits = pick->size() >= bytes;
+                if (fits ? !picked_fits || it->size() < pick->size()
+                         : !picked_fits && it->size() > pick->size()) {
+                    pick = it;
+                }
+            }
+            s = std::move(*pick);
+            scratch_.erase(pick);
         }
         if (s.size() < bytes) {
             s.resize(bytes);
