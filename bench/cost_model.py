@@ -20,13 +20,15 @@ Buckets are formed as unison's reducer forms them after its rebuild: gradients i
 backward order (the reverse of the list), a bucket closed once it holds at least
 its cap (the first bucket's cap is --first, the others' --bucket).
 
-Memory passes: with --copy-gbps G, a pass over all gradient bytes (read and write,
-as memcpy; G is memcpy's bytes copied per second) costs bytes / G, and is added
-once to per-tensor and flat (dividing the sums by the number of ranks) and twice
-to bucketed (packing, and unpacking with the division). Without it they are left
-out: on a real network the reducer packs a bucket while earlier ones are on the
-wire, and the wire is the slower; over loopback TCP the CPU does the wire's work
-too, and the passes show.
+Memory passes: unison's reducer over the thread and MPI backends reduces a
+bucket in place between its gradients, and every mode divides inside the
+reduction (avg), so none of them makes a pass over memory of its own. A reducer
+that packs (a custom hook, mixed precision, or a backend without
+all_reduce_coalesced) makes two: packing, and unpacking with the division. With
+--packing and --copy-gbps G those two are added to bucketed, each costing
+bytes / G (G is memcpy's bytes copied per second). On a real network the packing
+of a bucket overlaps earlier buckets on the wire, the slower of the two; over
+loopback TCP the CPU does the wire's work too, and the passes show.
 """
 
 import argparse
@@ -102,7 +104,9 @@ def main():
     p.add_argument("--element-bytes", type=int, default=4)
     p.add_argument("--bucket", type=float, default=25.0, help="bucket cap, MiB [25]")
     p.add_argument("--first", type=float, default=1.0, help="first bucket's cap, MiB [1]")
-    p.add_argument("--copy-gbps", type=float, help="memcpy GB/s: add the memory passes")
+    p.add_argument("--copy-gbps", type=float, help="memcpy GB/s, for --packing")
+    p.add_argument("--packing", action="store_true",
+                   help="bucketed packs and unpacks: two memory passes at --copy-gbps")
     args = p.parse_args()
 
     if args.sweep:
@@ -126,13 +130,13 @@ def main():
     per_tensor = sum(cost(s) for s in sizes)
     bucketed = sum(cost(s) for s in bucket_list)
     flat = cost(sum(sizes))
-    if args.copy_gbps:
+    if args.packing:
+        if not args.copy_gbps:
+            p.error("--packing needs --copy-gbps")
         one_pass = sum(sizes) / (args.copy_gbps * 1e9)
-        per_tensor += one_pass
-        flat += one_pass
         bucketed += 2 * one_pass
-        print(f"memory passes at {args.copy_gbps:.2f} GB/s: {one_pass * 1e3:.2f} ms each "
-              "(per-tensor and flat one, bucketed two)")
+        print(f"packing: two memory passes at {args.copy_gbps:.2f} GB/s, "
+              f"{one_pass * 1e3:.2f} ms each, added to bucketed")
     print(f"{len(sizes)} gradients, {sum(sizes) / 1e6:.1f} MB; buckets (MiB): "
           + " ".join(f"{s / MIB:.2f}" for s in bucket_list))
     print(f"  per-tensor  {len(sizes):4d} calls  {per_tensor * 1e3:9.2f} ms  "
