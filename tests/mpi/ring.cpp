@@ -40,15 +40,27 @@ bool drive(unison::detail::mpi_ring_allreduce& ring, std::vector<std::byte>& scr
     return true;
 }
 
+/// A duplicate of MPI_COMM_WORLD for one test case, so that its rings' tags never
+/// meet another case's messages; freed at the case's end.
+struct world {
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rank = 0, size = 1;
+    world() {
+        REQUIRE(MPI_Comm_dup(MPI_COMM_WORLD, &comm) == MPI_SUCCESS);
+        MPI_Comm_rank(comm, &rank);
+        MPI_Comm_size(comm, &size);
+    }
+    world(const world&) = delete;
+    world& operator=(const world&) = delete;
+    ~world() { MPI_Comm_free(&comm); }
+};
+
 } // namespace
 
 TEST_CASE("mpi ring: segmented steps give the serial result, in place and out of place") {
-    MPI_Comm comm = MPI_COMM_NULL;
-    REQUIRE(MPI_Comm_dup(MPI_COMM_WORLD, &comm) == MPI_SUCCESS);
-    int rank = 0, n = 1;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &n);
-
+    const world w;
+    MPI_Comm comm = w.comm;
+    const int rank = w.rank, n = w.size;
     std::uint64_t sequence = 0;
     std::vector<std::byte> scratch;
     // Counts below, at and above the rank count and segment multiples; limits from
@@ -113,16 +125,12 @@ TEST_CASE("mpi ring: segmented steps give the serial result, in place and out of
             }
         }
     }
-    MPI_Comm_free(&comm);
 }
 
 TEST_CASE("mpi ring: runs of several tensors give the serial result, message limits and all") {
-    MPI_Comm comm = MPI_COMM_NULL;
-    REQUIRE(MPI_Comm_dup(MPI_COMM_WORLD, &comm) == MPI_SUCCESS);
-    int rank = 0, n = 1;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &n);
-
+    const world w;
+    MPI_Comm comm = w.comm;
+    const int rank = w.rank, n = w.size;
     std::uint64_t sequence = 0;
     std::vector<std::byte> scratch;
     // Tensor sizes that put chunk boundaries inside tensors, at their edges, and
@@ -193,5 +201,4 @@ TEST_CASE("mpi ring: runs of several tensors give the serial result, message lim
             }
         }
     }
-    MPI_Comm_free(&comm);
 }
