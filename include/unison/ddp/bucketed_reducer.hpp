@@ -402,8 +402,9 @@ private:
     /// backends): a bucket is then reduced straight between its gradients, so
     /// neither the copy into the bucket nor the one back (with the division, fused
     /// into the reduction as avg where it is one) costs a pass over memory, and
-    /// buckets need no memory of their own. Host gradients each already in the reduce dtype only; the
-    /// others are packed as before. Hooks see a bucket, so a custom hook packs too.
+    /// buckets need no memory of their own. Host gradients each already in the
+    /// reduce dtype only; the others are packed as before. Hooks see a bucket, so a
+    /// custom hook packs too.
     static constexpr bool coalescing = !config::gradient_memory::in_buckets &&
                                        std::is_same_v<hook_type, all_reduce_hook> &&
                                        reduces_coalesced<step_communicator_type>;

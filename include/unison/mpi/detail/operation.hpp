@@ -290,7 +290,7 @@ private:
     void stage_pieces(bool small) {
         collective_call& c = call_;
         const std::size_t es = size_of(c.type);
-        auto staged = [&](const buffer& p) { return small || p.count * es < mpi_piece_min_bytes; };
+        stage_all_ = small;
         std::size_t bytes = 0;
         for (const buffer& p : c.pieces) {
             bytes += staged(p) ? p.count * es : 0;
@@ -319,13 +319,17 @@ private:
         }
     }
 
+    /// Whether piece `p` of a coalesced call goes through stage_.
+    bool staged(const buffer& p) const noexcept {
+        return stage_all_ || p.count * size_of(p.type) < mpi_piece_min_bytes;
+    }
+
     /// Copies the staged pieces back (stage_pieces' order).
     void unstage_pieces() noexcept {
         const std::size_t es = size_of(call_.type);
-        const bool small = call_.recv == static_cast<void*>(stage_.data());
         std::size_t at = 0;
         for (const buffer& p : call_.pieces) {
-            if (p.count != 0 && (small || p.count * es < mpi_piece_min_bytes)) {
+            if (p.count != 0 && staged(p)) {
                 std::memcpy(p.data, stage_.data() + at, p.count * es);
                 at += p.count * es;
             }
@@ -580,6 +584,7 @@ private:
     std::optional<mpi_ring_allreduce> ring_; ///< large all-reduces only
     std::vector<std::byte> scratch_;
     std::vector<std::byte> stage_;         ///< coalesced: the pieces copied, see stage_pieces
+    bool stage_all_ = false;               ///< coalesced: every piece staged (a small call)
     std::vector<mpi_ring_extent> extents_; ///< coalesced: the ring's elements
     std::vector<int> counts_, displs_;
 };
