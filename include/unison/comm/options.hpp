@@ -1,7 +1,11 @@
 #pragma once
 
+#include "unison/comm/algorithm.hpp"
+#include "unison/core/error.hpp"
+
 #include <chrono>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 namespace unison {
@@ -17,9 +21,16 @@ struct comm_options {
     /// all-gather, compared with rank 0's, on top. Costs one small extra
     /// collective.
     bool check_matching = false;
+    /// The MPI backend's all-reduce algorithm: `automatic` lets its tuning choose by
+    /// size and rank count (mpi/tuning.hpp); any other forces that one on every call.
+    /// Every rank must pass the same: the handshake compares it (a `mismatch_error` on
+    /// the "algorithm" field). The thread and NCCL backends have one algorithm each
+    /// (NCCL chooses its own; NCCL_ALGO steers it) and ignore this.
+    algorithm all_reduce_algorithm = algorithm::automatic;
 
     /// Defaults, overridden by the environment: UNISON_TIMEOUT (seconds, may be
-    /// fractional) and UNISON_DEBUG=1 (turns on check_matching).
+    /// fractional), UNISON_DEBUG=1 (turns on check_matching) and UNISON_ALGORITHM
+    /// (an algorithm's name, see algorithm.hpp; an unknown name is an argument_error).
     static comm_options from_env() {
         comm_options o;
         if (const char* t = std::getenv("UNISON_TIMEOUT"); t != nullptr && *t != '\0') {
@@ -32,6 +43,18 @@ struct comm_options {
         if (const char* d = std::getenv("UNISON_DEBUG"); d != nullptr) {
             const std::string_view v(d);
             o.check_matching = !(v.empty() || v == "0" || v == "false" || v == "off");
+        }
+        if (const char* a = std::getenv("UNISON_ALGORITHM"); a != nullptr && *a != '\0') {
+            const auto named = algorithm_from_string(a);
+            if (!named) {
+                std::string detail = "'";
+                detail.append(a).append("' names no algorithm; one of");
+                for (algorithm k : all_algorithms) {
+                    detail.append(k == all_algorithms.front() ? " " : ", ").append(to_string(k));
+                }
+                throw argument_error(-1, "UNISON_ALGORITHM", detail);
+            }
+            o.all_reduce_algorithm = *named;
         }
         return o;
     }

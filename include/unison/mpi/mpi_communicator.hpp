@@ -4,10 +4,13 @@
 /// The MPI backend. Every call is issued non-blocking and completed by polling
 /// against the communicator's deadline, so no wait can hang: a blocking call is
 /// `submit` followed by `wait`. Every collective starts with a handshake that
-/// checks all ranks' call signatures before any user buffer is handed to MPI, and
-/// completes all-reduces under 64 KiB by itself; larger ones run as a ring of
-/// non-blocking sends and receives (Open MPI 4.1's MPI_Iallreduce is markedly slower
-/// than its blocking MPI_Allreduce at a megabyte and up; the ring matches the latter).
+/// checks all ranks' call signatures before any user buffer is handed to MPI. An
+/// all-reduce runs one of unison's own algorithms over non-blocking sends and
+/// receives, chosen by size and rank count in mpi/tuning.hpp (or forced by
+/// comm_options::all_reduce_algorithm): recursive doubling inside the handshake for
+/// small buffers, Rabenseifner's with the check riding its first steps, or a ring
+/// (Open MPI 4.1's MPI_Iallreduce is markedly slower than its blocking MPI_Allreduce
+/// at a megabyte and up; the ring matches the latter); `native` runs MPI_Iallreduce.
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/communicator.hpp"
@@ -19,6 +22,7 @@
 #include "unison/mpi/detail/mpi_check.hpp"
 #include "unison/mpi/detail/operation.hpp"
 #include "unison/mpi/environment.hpp"
+#include "unison/mpi/tuning.hpp"
 
 #include <mpi.h>
 
@@ -94,6 +98,15 @@ public:
     const comm_options& options() const noexcept { return state_->options; }
     /// The duplicated MPI communicator this one runs on.
     MPI_Comm native_handle() const noexcept { return state_->comm; }
+    /// Whether every rank is on one node (shares memory with every other), which
+    /// the tuning (mpi/tuning.hpp) tells apart from several nodes.
+    bool one_node() const noexcept { return state_->one_node; }
+    /// The algorithm an all-reduce of `bytes` runs on this communicator: the forced
+    /// one (options().all_reduce_algorithm) or the tuning's choice.
+    algorithm all_reduce_algorithm(std::size_t bytes) const noexcept {
+        return mpi_all_reduce_algorithm(state_->options.all_reduce_algorithm, bytes, state_->size,
+                                        state_->one_node);
+    }
 
     /// Runs `call` to completion.
     void execute(const collective_call& call) { state_->wait(start(call)); }

@@ -17,9 +17,18 @@
 /// different pairs. Messages are received into staging
 /// buffers large enough for any well-formed message, so a peer that sends more
 /// than expected can never write past a buffer.
+///
+/// The header also names the algorithm that carries the call (comm_options::
+/// all_reduce_algorithm, or the tuning's choice), so ranks that would run
+/// different schedules fail alike instead of waiting for each other. The
+/// Rabenseifner all-reduce (rabenseifner.hpp) carries the same headers in its first
+/// steps instead of running this schedule first; its messages follow the same
+/// two-message convention, so either side drains what the other sent.
 
+#include "unison/comm/algorithm.hpp"
 #include "unison/comm/collective.hpp"
 #include "unison/comm/detail/matching.hpp"
+#include "unison/comm/detail/validate.hpp"
 #include "unison/core/detail/host_reduce.hpp"
 #include "unison/core/dtype.hpp"
 #include "unison/core/error.hpp"
@@ -37,8 +46,27 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace unison::detail {
+
+/// Tags above max_user_tag are reserved, in ranges that each call takes one tag of
+/// by its sequence number, so that calls in flight at once never match each other's
+/// messages: the ring's messages (and the rest of Rabenseifner's checked messages,
+/// beyond the first), the handshake's (and every call header), and Rabenseifner's
+/// all-gather. Every tag stays below 32767, the least MPI_TAG_UB MPI allows.
+inline constexpr int mpi_ring_tag_base = max_user_tag + 1;
+inline constexpr int mpi_ring_tags = 1024;
+inline constexpr int mpi_handshake_tag_base = mpi_ring_tag_base + mpi_ring_tags;
+inline constexpr int mpi_handshake_tags = 1024;
+inline constexpr int mpi_gather_tag_base = mpi_handshake_tag_base + mpi_handshake_tags;
+inline constexpr int mpi_gather_tags = 512;
+static_assert(mpi_gather_tag_base + mpi_gather_tags <= 32767, "tags fit the least MPI_TAG_UB");
+
+/// The tag of range [base, base + tags) that the `sequence`-th call uses.
+constexpr int mpi_tag(int base, int tags, std::uint64_t sequence) noexcept {
+    return base + static_cast<int>(sequence % static_cast<std::uint64_t>(tags));
+}
 
 /// What names a call in errors, built only when an error needs it.
 struct call_label {
@@ -61,7 +89,8 @@ struct call_label {
 struct mpi_call_header {
     call_signature signature;
     std::uint64_t sequence = 0;
-    std::uint64_t faulted = 0;   ///< 1: an mpi_call_fault follows instead of data
+    std::uint32_t faulted = 0;   ///< 1: an mpi_call_fault follows instead of data
+    std::uint32_t algorithm = 0; ///< the unison::algorithm that carries the call
     std::uint64_t following = 0; ///< bytes of data this step sends after the header
 };
 
@@ -73,10 +102,10 @@ struct mpi_call_fault {
     std::uint64_t other_rank = 0;
     call_signature other;
     std::uint64_t other_sequence = 0;
+    std::uint64_t ref_algorithm = 0;
+    std::uint64_t other_algorithm = 0;
 };
 
-/// All-reduces of at most this many bytes travel inside the handshake.
-inline constexpr std::size_t mpi_fused_max_bytes = 64 * 1024;
 inline constexpr std::size_t mpi_header_bytes = sizeof(mpi_call_header);
 /// The first message of a step carries the header and at most this many bytes in
 /// all; data beyond it follows in a second message. Transports send a message up
@@ -84,9 +113,34 @@ inline constexpr std::size_t mpi_header_bytes = sizeof(mpi_call_header);
 /// shared memory: 4 KiB including its own headers), so the header must not push a
 /// 4 KiB all-reduce past it (measured: 3x slower at 4 KiB; docs/performance.md).
 inline constexpr std::size_t mpi_first_message_bytes = 4000;
-/// Bytes of one staging buffer: the most a well-formed peer sends in one step.
-inline constexpr std::size_t mpi_staging_bytes =
-    mpi_header_bytes + sizeof(mpi_call_fault) + mpi_fused_max_bytes;
+/// The largest single message: data beyond the first message travels as messages
+/// of at most this many bytes, so that every count fits MPI's int.
+inline constexpr std::size_t mpi_message_max_bytes = std::size_t{1} << 30;
+
+/// Calls f(offset, length) for each message that carries `bytes` (at most
+/// mpi_message_max_bytes each; none for 0 bytes). Both sides of a step cut alike.
+template <class F>
+void for_each_segment(std::size_t bytes, F&& f) {
+    for (std::size_t at = 0; at < bytes; at += mpi_message_max_bytes) {
+        f(at, std::min(mpi_message_max_bytes, bytes - at));
+    }
+}
+
+/// The tag on which a step's message continues beyond its first message, for a
+/// sender whose header says `algo` and `sequence`: Rabenseifner's (which posts the
+/// receive of the rest together with the header's) on the ring's tag, so that the
+/// rest can never be taken for a header; the handshake's on the header's own tag.
+constexpr int mpi_rest_tag(std::uint32_t algo, std::uint64_t sequence) noexcept {
+    return algo == static_cast<std::uint32_t>(algorithm::rabenseifner)
+               ? mpi_tag(mpi_ring_tag_base, mpi_ring_tags, sequence)
+               : mpi_tag(mpi_handshake_tag_base, mpi_handshake_tags, sequence);
+}
+
+/// Bytes of a staging buffer for a step whose data is `bytes`: the most a
+/// well-formed peer sends in that step.
+constexpr std::size_t mpi_staging_bytes(std::size_t bytes) noexcept {
+    return mpi_header_bytes + std::max(sizeof(mpi_call_fault), bytes);
+}
 
 static_assert(mpi_header_bytes + sizeof(mpi_call_fault) <= mpi_first_message_bytes,
               "a fault fits in the first message");
@@ -94,13 +148,51 @@ static_assert(sizeof(mpi_call_header) % 8 == 0, "data after the header stays 8-b
 
 inline bool same_call(const mpi_call_header& a, const mpi_call_header& b) noexcept {
     return std::memcmp(&a.signature, &b.signature, sizeof(call_signature)) == 0 &&
-           a.sequence == b.sequence;
+           a.sequence == b.sequence && a.algorithm == b.algorithm;
+}
+
+/// The fault between this rank's call `mine` and `theirs`, the call of `peer`.
+inline mpi_call_fault fault_between(int rank, const mpi_call_header& mine, int peer,
+                                    const mpi_call_header& theirs) noexcept {
+    const bool me_first = rank < peer;
+    const mpi_call_header& ref = me_first ? mine : theirs;
+    const mpi_call_header& other = me_first ? theirs : mine;
+    mpi_call_fault f;
+    f.ref_rank = static_cast<std::uint64_t>(me_first ? rank : peer);
+    f.other_rank = static_cast<std::uint64_t>(me_first ? peer : rank);
+    f.ref = ref.signature;
+    f.ref_sequence = ref.sequence;
+    f.ref_algorithm = ref.algorithm;
+    f.other = other.signature;
+    f.other_sequence = other.sequence;
+    f.other_algorithm = other.algorithm;
+    return f;
+}
+
+/// Whether a fault `heard` from a peer replaces `kept` (none when !faulted): the
+/// lower pair of ranks wins, so that faults meeting in a step converge.
+inline bool replaces(bool faulted, const mpi_call_fault& kept,
+                     const mpi_call_fault& heard) noexcept {
+    return !faulted ||
+           std::pair(heard.ref_rank, heard.other_rank) < std::pair(kept.ref_rank, kept.other_rank);
 }
 
 /// Throws the mismatch_error that `f` describes.
 [[noreturn]] inline void throw_fault(int rank, const std::string& label, const mpi_call_fault& f) {
     const int ref = static_cast<int>(f.ref_rank), other = static_cast<int>(f.other_rank);
     check_signature(rank, label, ref, f.ref, other, f.other);
+    if (f.ref_sequence == f.other_sequence && f.ref_algorithm != f.other_algorithm) {
+        const auto name = [](std::uint64_t a) {
+            return std::string(to_string(static_cast<algorithm>(a)));
+        };
+        throw mismatch_error(rank, label,
+                             "algorithm differs: rank " + std::to_string(ref) + " runs " +
+                                 name(f.ref_algorithm) + " but rank " + std::to_string(other) +
+                                 " runs " + name(f.other_algorithm) +
+                                 " (comm_options::all_reduce_algorithm or UNISON_ALGORITHM must "
+                                 "be the same on every rank)",
+                             other, "algorithm");
+    }
     throw mismatch_error(rank, label,
                          "sequence differs: rank " + std::to_string(ref) + " is at collective #" +
                              std::to_string(f.ref_sequence) + " but rank " + std::to_string(other) +
@@ -114,12 +206,14 @@ inline bool same_call(const mpi_call_header& a, const mpi_call_header& b) noexce
 /// requests of the current step, and, for a fused all-reduce, the partial result.
 class mpi_handshake {
 public:
-    /// Starts the handshake of `call` (the `sequence`-th collective) on `comm`, with
-    /// messages tagged `tag`. With `fused`, `call` is an all-reduce whose data rides
-    /// along and whose result is final once progress() returns true. `send_stage`
-    /// and `recv_stage` hold mpi_staging_bytes each until then.
+    /// Starts the handshake of `call` (the `sequence`-th collective, carried by
+    /// `algo`) on `comm`, with messages tagged `tag`. With `fused`, `call` is an
+    /// all-reduce whose data rides along (recursive doubling) and whose result is
+    /// final once progress() returns true. `send_stage` and `recv_stage` are grown to
+    /// fit and must stay alive, unmoved, until then.
     void start(MPI_Comm comm, int rank, int size, int tag, const collective_call& call,
-               std::uint64_t sequence, bool fused, std::byte* send_stage, std::byte* recv_stage,
+               std::uint64_t sequence, algorithm algo, bool fused,
+               std::vector<std::byte>& send_stage, std::vector<std::byte>& recv_stage,
                const call_label* label) {
         comm_ = comm;
         rank_ = rank;
@@ -127,12 +221,20 @@ public:
         tag_ = tag;
         call_ = &call;
         fused_ = fused;
-        send_ = send_stage;
-        recv_ = recv_stage;
+        const std::size_t staging = mpi_staging_bytes(fused ? bytes() : 0);
+        for (std::vector<std::byte>* v : {&send_stage, &recv_stage}) {
+            if (v->size() < std::max(staging, mpi_first_message_bytes)) {
+                v->resize(std::max(staging, mpi_first_message_bytes));
+            }
+        }
+        send_ = send_stage.data();
+        recv_stage_ = &recv_stage;
+        recv_ = recv_stage.data();
         label_ = label;
         faulted_ = false;
         result_written_ = false;
-        mine_ = mpi_call_header{signature_of(call), sequence, 0, fused ? bytes() : 0};
+        mine_ = mpi_call_header{signature_of(call), sequence, 0, static_cast<std::uint32_t>(algo),
+                                fused ? bytes() : 0};
         plan();
         std::memcpy(send_, &mine_, mpi_header_bytes);
         if (fused_ && bytes() != 0) {
@@ -155,16 +257,14 @@ public:
                 // one, before waiting for this rank's own sends: a large send may
                 // complete only once the peer has posted its receive.
                 MPI_Status status;
-                UNISON_CHECK_MPI(MPI_Test(&requests_[0], &flag, &status), rank_, label_->str());
+                UNISON_CHECK_MPI(MPI_Test(&recvs_[0], &flag, &status), rank_, label_->str());
                 if (flag == 0) {
                     return false;
                 }
                 first_arrived_ = true;
                 receive_first(s, status);
             }
-            UNISON_CHECK_MPI(MPI_Testall(4, requests_, &flag, MPI_STATUSES_IGNORE), rank_,
-                             label_->str());
-            if (flag == 0) {
+            if (!test_all(recvs_) || !test_all(sends_)) {
                 return false;
             }
             if (s.recv) {
@@ -186,9 +286,11 @@ public:
 
     /// True when nothing of this handshake is in MPI's hands.
     bool idle() const noexcept {
-        for (const MPI_Request& r : requests_) {
-            if (r != MPI_REQUEST_NULL) {
-                return false;
+        for (const auto* v : {&recvs_, &sends_}) {
+            for (const MPI_Request& r : *v) {
+                if (r != MPI_REQUEST_NULL) {
+                    return false;
+                }
             }
         }
         return true;
@@ -206,23 +308,23 @@ public:
     /// Cancels what is still posted (after a timeout, when the call is abandoned).
     /// Only the staging buffers are in MPI's hands, never the user's.
     void cancel() noexcept {
-        for (int i : {0, 1}) {
-            if (requests_[i] != MPI_REQUEST_NULL) {
+        for (MPI_Request& r : recvs_) {
+            if (r != MPI_REQUEST_NULL) {
                 // A receive already matched cannot be cancelled and completes only
                 // when its sender makes progress: give it a moment, then leave it
                 // (the caller keeps the staging buffers alive).
-                MPI_Cancel(&requests_[i]);
+                MPI_Cancel(&r);
                 int flag = 0;
                 const auto until =
                     std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
                 while (flag == 0 && std::chrono::steady_clock::now() < until) {
-                    MPI_Test(&requests_[i], &flag, MPI_STATUS_IGNORE);
+                    MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
                 }
             }
         }
-        for (int i : {2, 3}) {
-            if (requests_[i] != MPI_REQUEST_NULL) {
-                MPI_Request_free(&requests_[i]); // completes (or not) on its own
+        for (MPI_Request& r : sends_) {
+            if (r != MPI_REQUEST_NULL) {
+                MPI_Request_free(&r); // completes (or not) on its own
             }
         }
         current_ = steps_;
@@ -277,33 +379,44 @@ private:
     /// rank's message, in two parts when its data does not fit in the first.
     void post() {
         const step& s = plan_[static_cast<std::size_t>(current_)];
-        for (MPI_Request& r : requests_) {
-            r = MPI_REQUEST_NULL;
-        }
+        recvs_.clear();
+        sends_.clear();
         first_arrived_ = false;
         if (s.recv) {
-            UNISON_CHECK_MPI(MPI_Irecv(recv_, static_cast<int>(mpi_staging_bytes), MPI_BYTE, s.peer,
-                                       tag_, comm_, &requests_[0]),
+            recvs_.push_back(MPI_REQUEST_NULL);
+            UNISON_CHECK_MPI(MPI_Irecv(recv_, static_cast<int>(mpi_first_message_bytes), MPI_BYTE,
+                                       s.peer, tag_, comm_, &recvs_.back()),
                              rank_, label_->str());
         }
         if (s.send) {
             const std::size_t whole =
                 mpi_header_bytes + (faulted_ ? sizeof(mpi_call_fault) : mine_.following);
             const std::size_t first = std::min(whole, mpi_first_message_bytes);
+            sends_.push_back(MPI_REQUEST_NULL);
             UNISON_CHECK_MPI(MPI_Isend(send_, static_cast<int>(first), MPI_BYTE, s.peer, tag_,
-                                       comm_, &requests_[2]),
+                                       comm_, &sends_.back()),
                              rank_, label_->str());
-            if (whole > first) {
-                UNISON_CHECK_MPI(MPI_Isend(send_ + first, static_cast<int>(whole - first), MPI_BYTE,
-                                           s.peer, tag_, comm_, &requests_[3]),
+            for_each_segment(whole - first, [&](std::size_t at, std::size_t len) {
+                sends_.push_back(MPI_REQUEST_NULL);
+                UNISON_CHECK_MPI(MPI_Isend(send_ + first + at, static_cast<int>(len), MPI_BYTE,
+                                           s.peer, tag_, comm_, &sends_.back()),
                                  rank_, label_->str());
-            }
+            });
         }
     }
 
+    bool test_all(std::vector<MPI_Request>& requests) const {
+        int flag = 0;
+        UNISON_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag,
+                                     MPI_STATUSES_IGNORE),
+                         rank_, label_->str());
+        return flag != 0;
+    }
+
     /// The peer's first message: its header says whether a second one follows, and
-    /// that one is received whatever else the header says, so that no message of
-    /// this call is left behind for a later call to match.
+    /// that one is received whatever else the header says (into staging grown to its
+    /// announced size), so that no message of this call is left behind for a later
+    /// call to match.
     void receive_first(const step& s, const MPI_Status& status) {
         int got = 0;
         MPI_Get_count(&status, MPI_BYTE, &got);
@@ -317,14 +430,21 @@ private:
         }
         std::memcpy(&theirs_, recv_, mpi_header_bytes);
         first_bytes_ = n;
-        const std::size_t data = theirs_.faulted != 0
-                                     ? sizeof(mpi_call_fault)
-                                     : static_cast<std::size_t>(std::min<std::uint64_t>(
-                                           theirs_.following, mpi_staging_bytes));
-        if (mpi_header_bytes + data > n && n == mpi_first_message_bytes) {
-            UNISON_CHECK_MPI(MPI_Irecv(recv_ + n, static_cast<int>(mpi_staging_bytes - n), MPI_BYTE,
-                                       s.peer, tag_, comm_, &requests_[1]),
-                             rank_, label_->str());
+        const std::size_t whole = mpi_staging_bytes(
+            theirs_.faulted != 0 ? 0 : static_cast<std::size_t>(theirs_.following));
+        if (whole > n && n == mpi_first_message_bytes) {
+            if (recv_stage_->size() < whole) {
+                recv_stage_->resize(whole); // only a peer whose call differs sends more
+                recv_ = recv_stage_->data();
+            }
+            const int rest_tag =
+                theirs_.faulted != 0 ? tag_ : mpi_rest_tag(theirs_.algorithm, theirs_.sequence);
+            for_each_segment(whole - n, [&](std::size_t at, std::size_t len) {
+                recvs_.push_back(MPI_REQUEST_NULL);
+                UNISON_CHECK_MPI(MPI_Irecv(recv_ + n + at, static_cast<int>(len), MPI_BYTE, s.peer,
+                                           rest_tag, comm_, &recvs_.back()),
+                                 rank_, label_->str());
+            });
         }
     }
 
@@ -333,12 +453,9 @@ private:
         const mpi_call_header& theirs = theirs_;
         const std::size_t n = first_bytes_;
         if (theirs.faulted != 0 && n >= mpi_header_bytes + sizeof(mpi_call_fault)) {
-            // A fault heard from a peer replaces a later-ranked one found here, so
-            // that faults meeting in a step converge on the lowest pair.
             mpi_call_fault f;
             std::memcpy(&f, recv_ + mpi_header_bytes, sizeof(mpi_call_fault));
-            if (!faulted_ || std::pair(f.ref_rank, f.other_rank) <
-                                 std::pair(fault_.ref_rank, fault_.other_rank)) {
+            if (replaces(faulted_, fault_, f)) {
                 fault_ = f;
                 set_faulted();
             }
@@ -348,13 +465,7 @@ private:
             return; // already failing; keep to the schedule so every rank hears
         }
         if (!same_call(mine_, theirs)) {
-            const bool me_first = rank_ < s.peer;
-            fault_.ref_rank = static_cast<std::uint64_t>(me_first ? rank_ : s.peer);
-            fault_.other_rank = static_cast<std::uint64_t>(me_first ? s.peer : rank_);
-            fault_.ref = (me_first ? mine_ : theirs).signature;
-            fault_.ref_sequence = (me_first ? mine_ : theirs).sequence;
-            fault_.other = (me_first ? theirs : mine_).signature;
-            fault_.other_sequence = (me_first ? theirs : mine_).sequence;
+            fault_ = fault_between(rank_, mine_, s.peer, theirs);
             set_faulted();
             return;
         }
@@ -408,9 +519,9 @@ private:
     mpi_call_fault fault_;
     std::array<step, 66> plan_{}; ///< at most 2 + log2(INT_MAX) steps
     int steps_ = 0, current_ = 0, last_reduce_ = -1;
-    /// Receives of the peer's first and second message, sends of this rank's.
-    MPI_Request requests_[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
-                                MPI_REQUEST_NULL};
+    std::vector<std::byte>* recv_stage_ = nullptr;
+    /// Receives of the peer's first message and the rest of it, sends of this rank's.
+    std::vector<MPI_Request> recvs_, sends_;
 };
 
 } // namespace unison::detail

@@ -2,9 +2,11 @@
 
 /// \file
 /// One call of the MPI backend in flight: `mpi_operation` first runs the call's
-/// handshake (handshake.hpp: every rank's signature checked, small all-reduces done
-/// along the way), then posts the rest as non-blocking MPI calls (or as a ring,
-/// ring_allreduce.hpp) and drives it to completion by polling; `mpi_rank_state`,
+/// handshake (handshake.hpp: every rank's signature checked, all-reduces by recursive
+/// doubling done along the way), then posts the rest as non-blocking MPI calls (or
+/// as a ring, ring_allreduce.hpp) and drives it to completion by polling. An
+/// all-reduce runs the algorithm that mpi/tuning.hpp picks; Rabenseifner's
+/// (rabenseifner.hpp) carries the check in its own first steps. `mpi_rank_state`,
 /// which every request of a communicator points at, bounds each wait by the
 /// communicator's timeout, keeps the calls that timed out, and recycles operations
 /// so that a call allocates nothing once the communicator has warmed up.
@@ -20,7 +22,9 @@
 #include "unison/mpi/detail/handshake.hpp"
 #include "unison/mpi/detail/mpi_check.hpp"
 #include "unison/mpi/detail/peer_channel.hpp"
+#include "unison/mpi/detail/rabenseifner.hpp"
 #include "unison/mpi/detail/ring_allreduce.hpp"
+#include "unison/mpi/tuning.hpp"
 
 #include <mpi.h>
 
@@ -50,6 +54,17 @@ public:
         MPI_Comm_rank(comm, &rank);
         MPI_Comm_size(comm, &size);
         MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+        // The tuning tells one node (shared memory between every pair) from several.
+        // Every rank sees the same answer: one node holds all ranks or none does.
+        MPI_Comm local = MPI_COMM_NULL;
+        int local_size = 0;
+        if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local) ==
+                MPI_SUCCESS &&
+            local != MPI_COMM_NULL) {
+            MPI_Comm_size(local, &local_size);
+            MPI_Comm_free(&local);
+        }
+        one_node = local_size == size;
     }
     mpi_rank_state(const mpi_rank_state&) = delete;
     mpi_rank_state& operator=(const mpi_rank_state&) = delete;
@@ -129,6 +144,7 @@ public:
     MPI_Comm comm;
     int rank = 0;
     int size = 1;
+    bool one_node = false; ///< every rank on one node (shared memory)
     comm_options options;
     mpi_half_ops half_ops;
     std::uint64_t sequence = 0;
@@ -183,6 +199,7 @@ public:
         error_ = nullptr;
         phase_ = phase::posted;
         ring_.reset();
+        rab_.reset();
         state_.give_scratch(std::move(scratch_));
         scratch_ = {};
         state_.give_scratch(std::move(stage_));
@@ -199,10 +216,15 @@ public:
         if (phase_ == phase::handshake) {
             return handshake_.waiting_for();
         }
+        if (rab_) {
+            return rab_->waiting_for();
+        }
         return ring_ ? ring_->previous() : -1;
     }
     /// True when none of its requests is in MPI's hands.
-    bool idle() const noexcept { return handshake_.idle() && active_ == 0 && !ring_; }
+    bool idle() const noexcept {
+        return handshake_.idle() && active_ == 0 && !ring_ && (!rab_ || rab_->idle());
+    }
     /// True while only staging buffers (never the user's) are in MPI's hands.
     bool in_handshake() const noexcept { return phase_ == phase::handshake; }
     /// Gives the call up after a timeout: it is never driven again, so unison never
@@ -220,6 +242,9 @@ public:
         const auto budget = std::chrono::milliseconds(100);
         if (ring_) {
             return ring_->cancel(budget);
+        }
+        if (rab_) {
+            return rab_->cancel(budget);
         }
         if (active_ == 0) {
             return true;
@@ -259,24 +284,28 @@ public:
             post_call();
             return;
         }
-        if (!send_stage_) {
-            send_stage_ = std::make_unique<std::byte[]>(mpi_staging_bytes);
-            recv_stage_ = std::make_unique<std::byte[]>(mpi_staging_bytes);
-        }
-        const bool small = c.count * size_of(c.type) < mpi_ring_min_bytes;
-        fused_ = c.op == operation::all_reduce && small;
+        const bool reduces = c.op == operation::all_reduce;
+        algorithm_ = reduces ? mpi_all_reduce_algorithm(state_.options.all_reduce_algorithm,
+                                                        c.count * size_of(c.type), state_.size,
+                                                        state_.one_node)
+                             : algorithm::automatic;
+        fused_ = reduces && algorithm_ == algorithm::recursive_doubling;
         if (!c.pieces.empty()) {
-            stage_pieces(small);
+            stage_pieces(algorithm_ != algorithm::ring);
         }
-        // The ring matches its messages by tag; every other collective but the
-        // barrier (which the handshake is) and a coalesced all-reduce (whose one rank
-        // has nothing to do) posts an MPI collective, in issue order.
-        ordered_ = c.op != operation::barrier && !(c.op == operation::all_reduce &&
-                                                   (small || state_.size > 1 || !c.pieces.empty()));
+        const int handshake_tag = mpi_tag(mpi_handshake_tag_base, mpi_handshake_tags, sequence_);
+        // Every collective but the barrier (which the handshake is) and an all-reduce
+        // of our own algorithms (matched by tag) posts an MPI collective, in issue order.
+        ordered_ = c.op != operation::barrier && !(reduces && algorithm_ != algorithm::native);
+        if (algorithm_ == algorithm::rabenseifner) { // checks as it goes: no handshake
+            rab_.emplace(state_.comm, state_.rank, state_.size, call_, sequence_, label_);
+            scratch_ = state_.take_scratch(rab_->scratch_bytes());
+            rab_->start(scratch_.data(), send_stage_, recv_stage_);
+            return;
+        }
         phase_ = phase::handshake;
-        handshake_.start(state_.comm, state_.rank, state_.size,
-                         mpi_handshake_tag_base + static_cast<int>(sequence_ % mpi_handshake_tags),
-                         c, sequence_, fused_, send_stage_.get(), recv_stage_.get(), &label_);
+        handshake_.start(state_.comm, state_.rank, state_.size, handshake_tag, c, sequence_,
+                         algorithm_, fused_, send_stage_, recv_stage_, &label_);
         if (ordered_) {
             state_.queue_post(this);
         }
@@ -284,13 +313,14 @@ public:
 
 private:
     /// A coalesced all-reduce: copies into stage_ the pieces that go through it (all
-    /// of them for a small call, which the handshake reduces as one buffer; those
-    /// under mpi_piece_min_bytes otherwise) and lays out the ring's extents: the
-    /// other pieces in place, in order, then the stage. finish() copies the stage back.
-    void stage_pieces(bool small) {
+    /// of them unless the ring carries the call: the other algorithms reduce one
+    /// buffer; those under mpi_piece_min_bytes for the ring) and lays out the ring's
+    /// extents: the other pieces in place, in order, then the stage. finish() copies
+    /// the stage back.
+    void stage_pieces(bool all) {
         collective_call& c = call_;
         const std::size_t es = size_of(c.type);
-        stage_all_ = small;
+        stage_all_ = all;
         std::size_t bytes = 0;
         for (const buffer& p : c.pieces) {
             bytes += staged(p) ? p.count * es : 0;
@@ -312,7 +342,7 @@ private:
                 start += p.count;
             }
         }
-        if (small) { // one buffer, in place, for the handshake
+        if (all) { // one buffer, in place
             c.send = c.recv = stage_.data();
         } else if (bytes != 0) {
             extents_.push_back(mpi_ring_extent{stage_.data(), stage_.data(), start, bytes / es});
@@ -349,10 +379,7 @@ private:
         MPI_Comm comm = state_.comm;
         switch (c.op) {
         case operation::all_reduce:
-            if (!c.pieces.empty() && n == 1) {
-                return; // in place, and one rank's sum or average is its input
-            }
-            if (c.count * es >= mpi_ring_min_bytes && n > 1) {
+            if (algorithm_ == algorithm::ring) {
                 ring_.emplace(comm, state_.rank, n, call_, label_, sequence_,
                               std::span<const mpi_ring_extent>(extents_));
                 scratch_ = state_.take_scratch(ring_->scratch_bytes());
@@ -478,6 +505,12 @@ public:
 
 private:
     void step() {
+        if (rab_) {
+            if (rab_->progress()) {
+                finish();
+            }
+            return;
+        }
         if (phase_ == phase::handshake) {
             if (!handshake_.progress()) {
                 return;
@@ -572,16 +605,18 @@ private:
     std::uint64_t sequence_ = 0;
     phase phase_ = phase::posted;
     mpi_handshake handshake_;
-    bool fused_ = false;       ///< a small all-reduce, done inside the handshake
+    algorithm algorithm_ = algorithm::automatic; ///< an all-reduce's (tuning.hpp)
+    bool fused_ = false;       ///< an all-reduce by recursive doubling, done inside the handshake
     bool ordered_ = false;     ///< posts an MPI collective, in issue order
     std::exception_ptr error_; ///< kept when another call's wait drove this one
-    std::unique_ptr<std::byte[]> send_stage_, recv_stage_;
+    std::vector<std::byte> send_stage_, recv_stage_; ///< first messages (grown to fit)
     MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int active_ = 0;
     bool done_ = false;
     bool divide_ = false;
     bool copy_back_ = false;
-    std::optional<mpi_ring_allreduce> ring_; ///< large all-reduces only
+    std::optional<mpi_ring_allreduce> ring_; ///< all-reduces by the ring only
+    std::optional<mpi_rabenseifner> rab_;    ///< all-reduces by Rabenseifner only
     std::vector<std::byte> scratch_;
     std::vector<std::byte> stage_;         ///< coalesced: the pieces copied, see stage_pieces
     bool stage_all_ = false;               ///< coalesced: every piece staged (a small call)

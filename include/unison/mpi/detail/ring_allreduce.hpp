@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// The MPI backend's all-reduce for large messages (mpi_communicator.hpp says why): a
+/// The MPI backend's all-reduce for large messages (mpi/tuning.hpp says when): a
 /// ring of non-blocking sends and receives, one pair per step, that the operation
 /// owning it drives step by step by polling. The elements it reduces are one buffer
 /// or several laid end to end (a coalesced all-reduce): a step then sends and
@@ -29,23 +29,12 @@
 
 namespace unison::detail {
 
-/// All-reduces of at least this many bytes use the ring (measured crossover on
-/// Open MPI 4.1 over shared memory; see docs/performance.md).
-inline constexpr std::size_t mpi_ring_min_bytes = 64 * 1024;
-/// Tags above max_user_tag are reserved: the ring uses one per collective from the
-/// first 1024, the handshake (handshake.hpp) one from the next 1024, both by the
-/// call's sequence number, so calls in flight at once never match each other's
-/// messages. Every tag stays below 32767, the least MPI_TAG_UB MPI allows.
-inline constexpr int mpi_ring_tag_base = max_user_tag + 1;
-inline constexpr int mpi_ring_tags = 1024;
-inline constexpr int mpi_handshake_tag_base = mpi_ring_tag_base + mpi_ring_tags;
-inline constexpr int mpi_handshake_tags = 1024;
 /// The largest message of a ring step: a chunk above it goes as several messages
 /// (segments), so that every count fits MPI's int. Chunks below it go whole: cutting
 /// them finer (256 KiB) so that reducing one segment overlapped receiving the next
 /// measured 4-9% slower than one message per step over shared memory, and no faster
 /// over TCP (docs/performance.md).
-inline constexpr std::size_t mpi_ring_segment_bytes = std::size_t{1} << 30;
+inline constexpr std::size_t mpi_ring_segment_bytes = mpi_message_max_bytes;
 
 /// A coalesced all-reduce's tensors under this many bytes are copied into one staging
 /// buffer that the ring reduces as one more run, rather than each sent as messages of
@@ -94,7 +83,7 @@ public:
     /// Posts the first step; `scratch` holds scratch_bytes() until the ring is done.
     void start(std::byte* scratch) {
         scratch_ = scratch;
-        tag_ = mpi_ring_tag_base + static_cast<int>(sequence_ % mpi_ring_tags);
+        tag_ = mpi_tag(mpi_ring_tag_base, mpi_ring_tags, sequence_);
         step_ = 0;
         post_step();
     }

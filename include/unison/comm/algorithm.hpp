@@ -1,0 +1,56 @@
+#pragma once
+
+/// \file
+/// The names of the all-reduce algorithms a backend may run, which one option
+/// (`comm_options::all_reduce_algorithm`, or `UNISON_ALGORITHM`) forces. Which
+/// algorithms a backend has, and which it picks by itself, is in that backend's
+/// tuning file (mpi/tuning.hpp; the thread and NCCL backends have one each).
+
+#include <array>
+#include <optional>
+#include <string_view>
+
+namespace unison {
+
+/// An all-reduce algorithm. Costs for n ranks and m bytes, with a the latency of one
+/// message and b the time per byte:
+enum class algorithm : unsigned char {
+    automatic,          ///< the backend's tuning picks one by size and rank count
+    recursive_doubling, ///< log2(n) exchanges of the whole buffer: log2(n) (a + m b)
+    rabenseifner,       ///< recursive halving then doubling: 2 log2(n) a + 2 m b (n-1)/n
+    ring,               ///< reduce-scatter and all-gather around a ring: 2 (n-1) (a + m b / n)
+    native,             ///< the underlying library's own call (MPI_Iallreduce), after the checks
+};
+
+inline constexpr std::array<algorithm, 5> all_algorithms = {
+    algorithm::automatic, algorithm::recursive_doubling, algorithm::rabenseifner, algorithm::ring,
+    algorithm::native};
+
+/// The algorithm's name, as UNISON_ALGORITHM and the benchmarks spell it.
+constexpr std::string_view to_string(algorithm a) noexcept {
+    switch (a) {
+    case algorithm::automatic:
+        return "automatic";
+    case algorithm::recursive_doubling:
+        return "recursive_doubling";
+    case algorithm::rabenseifner:
+        return "rabenseifner";
+    case algorithm::ring:
+        return "ring";
+    case algorithm::native:
+        return "native";
+    }
+    return "?";
+}
+
+/// The algorithm called `name` (to_string's spelling), if there is one.
+constexpr std::optional<algorithm> algorithm_from_string(std::string_view name) noexcept {
+    for (algorithm a : all_algorithms) {
+        if (to_string(a) == name) {
+            return a;
+        }
+    }
+    return std::nullopt;
+}
+
+} // namespace unison

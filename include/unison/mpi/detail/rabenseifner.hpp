@@ -1,0 +1,562 @@
+#pragma once
+
+/// \file
+/// The MPI backend's all-reduce for medium messages on many ranks: Rabenseifner's
+/// algorithm, a reduce-scatter by recursive halving then an all-gather by recursive
+/// doubling, 2 log2(p) messages and twice the data instead of the ring's 2 (n - 1)
+/// messages. Ranks beyond the largest power of two p fold in first, as in the
+/// handshake (handshake.hpp): each even one of the first 2 (n - p) ranks hands its
+/// whole buffer to the odd one after it and gets the result back at the end.
+///
+/// The call check rides along instead of running first: every message of the fold
+/// and of the reduce-scatter starts with the call header (handshake.hpp's
+/// two-message convention: the header and the first bytes of data, then the rest),
+/// and the reduce-scatter's partners are the handshake's, in its order (distance 1,
+/// 2, 4, ...). A rank that finds a difference sends the fault instead of data from
+/// then on; by the end of the reduce-scatter every rank has heard of it or none
+/// has (at the first step where some partners differ, every rank of the subcube
+/// that differs sees it, and later steps carry it across the remaining
+/// dimensions). Until then the received halves go into scratch and the caller's
+/// output is not touched, so a mismatch loses nothing; the all-gather, which writes
+/// the output, runs only when the calls agree, and needs no headers.
+
+#include "unison/comm/algorithm.hpp"
+#include "unison/comm/collective.hpp"
+#include "unison/core/detail/host_reduce.hpp"
+#include "unison/core/dtype.hpp"
+#include "unison/core/error.hpp"
+#include "unison/core/reduce_op.hpp"
+#include "unison/mpi/detail/handshake.hpp"
+#include "unison/mpi/detail/mpi_check.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace unison::detail {
+
+/// One all-reduce by Rabenseifner's algorithm, with the call check riding its first
+/// steps. The operation that owns it keeps the call, the label and the buffers alive.
+class mpi_rabenseifner {
+public:
+    /// Plans the all-reduce `call` (`count` elements in `send` and `recv`, which may
+    /// alias), the `sequence`-th collective of `rank` of the `size` ranks of `comm`.
+    /// Headers travel on the handshake's tag, the rest of a checked message on the
+    /// ring's (mpi_rest_tag), the all-gather on a tag of its own.
+    mpi_rabenseifner(MPI_Comm comm, int rank, int size, const collective_call& call,
+                     std::uint64_t sequence, const call_label& label)
+        : comm_(comm), rank_(rank), size_(size),
+          check_tag_(mpi_tag(mpi_handshake_tag_base, mpi_handshake_tags, sequence)),
+          rest_tag_(mpi_rest_tag(static_cast<std::uint32_t>(algorithm::rabenseifner), sequence)),
+          gather_tag_(mpi_tag(mpi_gather_tag_base, mpi_gather_tags, sequence)), call_(call),
+          label_(label), es_(size_of(call.type)) {
+        mine_ =
+            mpi_call_header{signature_of(call), sequence, 0,
+                            static_cast<std::uint32_t>(algorithm::rabenseifner), call.count * es_};
+        p_ = static_cast<int>(std::bit_floor(static_cast<unsigned>(size)));
+        const int rem = size - p_;
+        if (rank < 2 * rem) { // folds in: the odd one reduces a whole buffer, the even none
+            partial_elems_ = incoming_elems_ = rank % 2 == 1 ? call.count : 0;
+        } else if (p_ > 1) { // the first half it keeps
+            const std::size_t mid = lo(p_ / 2);
+            const bool lower = ((rank - rem) & 1) == 0;
+            partial_elems_ = incoming_elems_ = lower ? mid : call.count - mid;
+        }
+    }
+    mpi_rabenseifner(const mpi_rabenseifner&) = delete;
+    mpi_rabenseifner& operator=(const mpi_rabenseifner&) = delete;
+
+    /// Bytes of scratch it needs: the partial sums (the whole buffer on a rank that
+    /// folds in, half of it otherwise) and the largest half it receives.
+    std::size_t scratch_bytes() const noexcept { return (partial_elems_ + incoming_elems_) * es_; }
+
+    /// Posts the first step. `scratch` holds scratch_bytes() and `send_stage` and
+    /// `recv_stage` (grown here) the first messages, until the all-reduce is done.
+    void start(std::byte* scratch, std::vector<std::byte>& send_stage,
+               std::vector<std::byte>& recv_stage) {
+        partial_ = scratch;
+        incoming_ = scratch + partial_elems_ * es_;
+        plan();
+        for (std::vector<std::byte>* v : {&send_stage, &recv_stage}) {
+            if (v->size() < mpi_first_message_bytes) {
+                v->resize(mpi_first_message_bytes);
+            }
+        }
+        send_stage_ = send_stage.data();
+        recv_stage_ = &recv_stage;
+        current_ = 0;
+        faulted_ = false;
+        post();
+    }
+
+    /// Drives the schedule; true once the result is in the caller's output. Throws
+    /// mismatch_error (on every rank) when the calls differ.
+    bool progress() {
+        while (current_ < steps_.size()) {
+            const step& s = steps_[current_];
+            if (s.checked && s.recv_bytes != no_recv && !first_arrived_) {
+                // The rest of the peer's message is received once its header says
+                // where it goes, before this rank's own sends are waited for.
+                int flag = 0;
+                MPI_Status status;
+                UNISON_CHECK_MPI(MPI_Test(&recvs_[0], &flag, &status), rank_, label_.str());
+                if (flag == 0) {
+                    return false;
+                }
+                first_arrived_ = true;
+                receive_first(s, status);
+            }
+            if (!test_receives() || !test_all(sends_)) {
+                return false;
+            }
+            finish_step(s);
+            ++current_;
+            if (current_ < steps_.size()) {
+                post();
+            }
+        }
+        if (faulted_) {
+            throw_fault(rank_, label_.str(), fault_);
+        }
+        return true;
+    }
+
+    /// True when nothing of it is in MPI's hands.
+    bool idle() const noexcept {
+        for (const auto* v : {&recvs_, &sends_}) {
+            for (const MPI_Request& r : *v) {
+                if (r != MPI_REQUEST_NULL) {
+                    return false;
+                }
+            }
+        }
+        return true;
+    }
+
+    /// The rank whose message this rank is waiting for, or -1.
+    int waiting_for() const noexcept {
+        if (current_ >= steps_.size()) {
+            return -1;
+        }
+        const step& s = steps_[current_];
+        return s.recv_bytes != no_recv ? s.peer : -1;
+    }
+
+    /// Gives the call up (after a timeout; it is never driven again): cancels the
+    /// posted receives, waiting at most `budget` in all, and frees the sends (MPI
+    /// only reads their buffers). True when no receive into the caller's output is
+    /// left in MPI's hands (receives into scratch and staging may be: the owner keeps
+    /// those alive).
+    bool cancel(std::chrono::steady_clock::duration budget) noexcept {
+        const auto until = std::chrono::steady_clock::now() + budget;
+        for (MPI_Request& r : recvs_) {
+            if (r != MPI_REQUEST_NULL) {
+                MPI_Cancel(&r);
+            }
+        }
+        bool released = true;
+        for (MPI_Request& r : recvs_) {
+            int flag = 0;
+            while (r != MPI_REQUEST_NULL && flag == 0 && std::chrono::steady_clock::now() < until) {
+                MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+            }
+            released = released && r == MPI_REQUEST_NULL;
+        }
+        for (MPI_Request& r : sends_) {
+            if (r != MPI_REQUEST_NULL) {
+                MPI_Request_free(&r);
+            }
+        }
+        const bool into_output = current_ < steps_.size() && steps_[current_].writes_output;
+        current_ = steps_.size();
+        return released || !into_output;
+    }
+
+private:
+    static constexpr std::size_t no_recv = static_cast<std::size_t>(-1);
+
+    /// One exchange with `peer`. Sizes are in elements; a size of 0 sends or receives
+    /// nothing but, on a checked step, the header.
+    struct step {
+        int peer = -1;
+        bool checked = false;       ///< the call header travels first (fold, reduce-scatter)
+        bool writes_output = false; ///< receives into the caller's output
+        bool copy_block = false;    ///< first all-gather step: the own block to the output
+        bool sends = false;         ///< sends at all (a checked step: at least the header)
+        const std::byte* send = nullptr;
+        std::size_t send_elems = 0;
+        std::byte* recv = nullptr;
+        std::size_t recv_bytes = no_recv; ///< bytes received, or no_recv
+        /// After the step: reduce_out = reduce_in (+) the received data.
+        const std::byte* reduce_in = nullptr;
+        std::byte* reduce_out = nullptr;
+        std::size_t reduce_elems = 0;
+        bool last_reduce = false; ///< divides, for avg
+    };
+
+    // Blocks: the p ranks of the halving each end owning one block of the buffer,
+    // block i being elements [lo(i), lo(i + 1)).
+    std::size_t lo(int i) const noexcept {
+        const auto n = static_cast<std::size_t>(p_);
+        const std::size_t base = call_.count / n, rem = call_.count % n;
+        const auto u = static_cast<std::size_t>(i);
+        return u * base + std::min(u, rem);
+    }
+
+    void plan() {
+        const int rem = size_ - p_;
+        const std::size_t count = call_.count;
+        const auto* in = static_cast<const std::byte*>(call_.send);
+        auto* out = static_cast<std::byte*>(call_.recv);
+        steps_.clear();
+        if (rank_ < 2 * rem && rank_ % 2 == 0) { // folds in: hands over, gets the result
+            step give;
+            give.peer = rank_ + 1;
+            give.checked = true;
+            give.sends = true;
+            give.send = in;
+            give.send_elems = count;
+            steps_.push_back(give);
+            step take;
+            take.peer = rank_ + 1;
+            take.checked = true;
+            take.writes_output = true;
+            take.recv = out;
+            take.recv_bytes = count * es_;
+            steps_.push_back(take);
+            return;
+        }
+        const bool folds = rank_ < 2 * rem; // odd: reduces a neighbour's buffer into its own
+        const int me = folds ? rank_ / 2 : rank_ - rem;
+        const auto real = [rem](int r) { return r < rem ? r * 2 + 1 : r + rem; };
+        // Scratch: partial sums in the buffer's own coordinates (the whole buffer when
+        // folding in, else from the first kept half on), then the incoming half.
+        const std::byte* source = in;
+        std::size_t partial_base = 0; ///< element that partial_ stands for
+        if (folds) {
+            step take;
+            take.peer = rank_ - 1;
+            take.checked = true;
+            take.recv = scratch_incoming(0);
+            take.recv_bytes = count * es_;
+            take.reduce_in = in;
+            take.reduce_out = scratch_partial(0);
+            take.reduce_elems = count;
+            steps_.push_back(take);
+            source = scratch_partial(0);
+        }
+        // Reduce-scatter by recursive halving: the range of blocks [b, b + width)
+        // halves at each step; the lower rank of a pair keeps the lower half.
+        struct halving {
+            int peer;
+            int kept_b, kept_w, sent_b;
+        };
+        std::vector<halving> halvings;
+        int b = 0, width = p_;
+        for (int mask = 1; mask < p_; mask <<= 1) {
+            const int half = width / 2;
+            const bool lower = (me & mask) == 0;
+            const int kept = lower ? b : b + half, sent = lower ? b + half : b;
+            halvings.push_back({real(me ^ mask), kept, half, sent});
+            b = kept;
+            width = half;
+        }
+        if (!folds && !halvings.empty()) {
+            partial_base = lo(halvings.front().kept_b);
+        }
+        for (std::size_t k = 0; k < halvings.size(); ++k) {
+            const halving& h = halvings[k];
+            const std::size_t kept_lo = lo(h.kept_b), kept_hi = lo(h.kept_b + h.kept_w);
+            const std::size_t sent_lo = lo(h.sent_b), sent_hi = lo(h.sent_b + h.kept_w);
+            const bool from_input = source == in;
+            step s;
+            s.peer = h.peer;
+            s.checked = true;
+            s.sends = true;
+            s.send = from_input ? in + sent_lo * es_ : scratch_partial(sent_lo - partial_base);
+            s.send_elems = sent_hi - sent_lo;
+            s.recv = scratch_incoming(0);
+            s.recv_bytes = (kept_hi - kept_lo) * es_;
+            s.reduce_in = from_input ? in + kept_lo * es_ : scratch_partial(kept_lo - partial_base);
+            s.reduce_out = scratch_partial(kept_lo - partial_base);
+            s.reduce_elems = kept_hi - kept_lo;
+            s.last_reduce = k + 1 == halvings.size();
+            steps_.push_back(s);
+            source = nullptr; // from now on the partial sums
+        }
+        // All-gather by recursive doubling, the halving in reverse: send what this
+        // rank holds, receive what the partner of that step kept.
+        // With the halving's partners at distance 1, 2, 4, ... the block a rank ends
+        // with is its number with the bits reversed: b, where the halving left it.
+        const std::size_t own_lo = lo(b), own_hi = lo(b + 1);
+        own_block_ = {scratch_partial(own_lo - partial_base), out + own_lo * es_,
+                      (own_hi - own_lo) * es_};
+        for (std::size_t k = halvings.size(); k-- > 0;) {
+            const halving& h = halvings[k];
+            const std::size_t kept_lo = lo(h.kept_b), kept_hi = lo(h.kept_b + h.kept_w);
+            const std::size_t sent_lo = lo(h.sent_b), sent_hi = lo(h.sent_b + h.kept_w);
+            step s;
+            s.peer = h.peer;
+            s.writes_output = true;
+            s.copy_block = k + 1 == halvings.size();
+            s.sends = true;
+            s.send = out + kept_lo * es_;
+            s.send_elems = kept_hi - kept_lo;
+            s.recv = out + sent_lo * es_;
+            s.recv_bytes = (sent_hi - sent_lo) * es_;
+            steps_.push_back(s);
+        }
+        if (folds) { // hands the result back, with the header that says it is one
+            step give;
+            give.peer = rank_ - 1;
+            give.checked = true;
+            give.sends = true;
+            give.send = out;
+            give.send_elems = count;
+            steps_.push_back(give);
+        }
+    }
+
+    std::byte* scratch_partial(std::size_t elem) const noexcept { return partial_ + elem * es_; }
+    std::byte* scratch_incoming(std::size_t elem) const noexcept { return incoming_ + elem * es_; }
+
+    bool test_all(std::vector<MPI_Request>& requests) const {
+        int flag = 0;
+        UNISON_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag,
+                                     MPI_STATUSES_IGNORE),
+                         rank_, label_.str());
+        return flag != 0;
+    }
+
+    /// The step's receives: once a peer's call has been found to differ, a receive
+    /// posted ahead may end truncated or cancelled, which is then no error.
+    bool test_receives() {
+        if (!mismatched_step_) {
+            return test_all(recvs_);
+        }
+        bool all = true;
+        for (MPI_Request& r : recvs_) {
+            if (r != MPI_REQUEST_NULL) {
+                int flag = 0;
+                if (MPI_Test(&r, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+                    flag = 1; // completed, in error: its data is not used
+                }
+                all = all && flag != 0;
+            }
+        }
+        return all;
+    }
+
+    void check(int rc, const char* what) const {
+        if (rc != MPI_SUCCESS) {
+            throw_mpi_error(rc, rank_, label_.str(), what);
+        }
+    }
+
+    void isend(const std::byte* data, std::size_t bytes, int peer, int tag) {
+        sends_.push_back(MPI_REQUEST_NULL);
+        check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &sends_.back()),
+              "MPI_Isend (rabenseifner)");
+    }
+    void irecv(std::byte* data, std::size_t bytes, int peer, int tag) {
+        recvs_.push_back(MPI_REQUEST_NULL);
+        check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &recvs_.back()),
+              "MPI_Irecv (rabenseifner)");
+    }
+
+    /// Posts the current step.
+    void post() {
+        const step& s = steps_[current_];
+        recvs_.clear();
+        sends_.clear();
+        first_arrived_ = false;
+        mismatched_step_ = false;
+        posted_ahead_ = 0;
+        if (!s.checked) { // all-gather: only when every call agreed (so never faulted here)
+            if (faulted_) {
+                return;
+            }
+            if (s.copy_block && own_block_.bytes != 0) {
+                std::memcpy(own_block_.out, own_block_.from, own_block_.bytes);
+            }
+            for_each_segment(s.recv_bytes, [&](std::size_t at, std::size_t len) {
+                irecv(s.recv + at, len, s.peer, gather_tag_);
+            });
+            for_each_segment(s.send_elems * es_, [&](std::size_t at, std::size_t len) {
+                isend(s.send + at, len, s.peer, gather_tag_);
+            });
+            return;
+        }
+        if (s.recv_bytes != no_recv) {
+            irecv(recv_stage_->data(), mpi_first_message_bytes, s.peer, check_tag_);
+            // The rest of the peer's data is received straight into scratch, posted
+            // now so that it can arrive with the header rather than a round trip after
+            // it (a large message moves only once its receive is posted). Never into
+            // the caller's output: only the header says whether the call agrees.
+            constexpr std::size_t inline_room = mpi_first_message_bytes - mpi_header_bytes;
+            if (!faulted_ && !s.writes_output && s.recv_bytes > inline_room) {
+                for_each_segment(s.recv_bytes - inline_room, [&](std::size_t at, std::size_t len) {
+                    irecv(s.recv + inline_room + at, len, s.peer, rest_tag_);
+                    ++posted_ahead_;
+                });
+            }
+        }
+        if (s.sends) {
+            const std::size_t data = faulted_ ? 0 : s.send_elems * es_;
+            mine_.following = data;
+            mine_.faulted = faulted_ ? 1 : 0;
+            std::memcpy(send_stage_, &mine_, mpi_header_bytes);
+            std::size_t inline_bytes = 0;
+            if (faulted_) {
+                std::memcpy(send_stage_ + mpi_header_bytes, &fault_, sizeof(mpi_call_fault));
+                inline_bytes = sizeof(mpi_call_fault);
+            } else {
+                inline_bytes = std::min(data, mpi_first_message_bytes - mpi_header_bytes);
+                if (inline_bytes != 0) {
+                    std::memcpy(send_stage_ + mpi_header_bytes, s.send, inline_bytes);
+                }
+            }
+            isend(send_stage_, mpi_header_bytes + inline_bytes, s.peer, check_tag_);
+            if (!faulted_) {
+                const std::byte* rest = s.send + inline_bytes;
+                for_each_segment(data - inline_bytes, [&](std::size_t at, std::size_t len) {
+                    isend(rest + at, len, s.peer, rest_tag_);
+                });
+            }
+        }
+    }
+
+    /// The peer's first message is here: check its header, then receive the rest of
+    /// its data where it goes (into a drain when its call differs: every message of
+    /// this call is received, so none is left for a later call to match).
+    void receive_first(const step& s, const MPI_Status& status) {
+        int got = 0;
+        MPI_Get_count(&status, MPI_BYTE, &got);
+        const auto n = static_cast<std::size_t>(got);
+        const std::byte* first = recv_stage_->data();
+        if (n < mpi_header_bytes) {
+            throw mismatch_error(rank_, label_.str(),
+                                 "rank " + std::to_string(s.peer) + " sent a " + std::to_string(n) +
+                                     "-byte message where a call header was due: it is not "
+                                     "running this collective",
+                                 s.peer, "operation");
+        }
+        mpi_call_header theirs;
+        std::memcpy(&theirs, first, mpi_header_bytes);
+        const std::size_t announced = theirs.faulted != 0
+                                          ? sizeof(mpi_call_fault)
+                                          : static_cast<std::size_t>(theirs.following);
+        const std::size_t rest = mpi_header_bytes + announced > n && n == mpi_first_message_bytes
+                                     ? mpi_header_bytes + announced - n
+                                     : 0;
+        bool takes_data = false;
+        if (theirs.faulted != 0) {
+            if (n >= mpi_header_bytes + sizeof(mpi_call_fault)) {
+                mpi_call_fault f;
+                std::memcpy(&f, first + mpi_header_bytes, sizeof(mpi_call_fault));
+                if (replaces(faulted_, fault_, f)) {
+                    fault_ = f;
+                    faulted_ = true;
+                }
+            }
+        } else if (!same_call(mine_without_following(), without_following(theirs)) ||
+                   theirs.following != s.recv_bytes) {
+            if (!faulted_) {
+                fault_ = fault_between(rank_, mine_, s.peer, theirs);
+                faulted_ = true;
+            }
+        } else {
+            takes_data = !faulted_;
+        }
+        received_data_ = takes_data;
+        if (takes_data) {
+            std::byte* into = s.recv;
+            const std::size_t inline_bytes = n - mpi_header_bytes;
+            if (inline_bytes != 0) {
+                std::memcpy(into, first + mpi_header_bytes, inline_bytes);
+            }
+            if (posted_ahead_ == 0) { // else the same call cuts the rest alike
+                for_each_segment(rest, [&](std::size_t at, std::size_t len) {
+                    irecv(into + inline_bytes + at, len, s.peer, rest_tag_);
+                });
+            }
+            return;
+        }
+        // The peer's messages go nowhere. The rest of them, if any, comes on the tag
+        // its algorithm sends it on: a Rabenseifner peer's into the receives posted
+        // ahead (cut short if larger) and a drain beyond them; another's into a drain.
+        // Receives posted ahead that no message will meet are cancelled.
+        mismatched_step_ = true;
+        const int tag =
+            theirs.faulted != 0 ? check_tag_ : mpi_rest_tag(theirs.algorithm, theirs.sequence);
+        const std::size_t taken = tag == rest_tag_ ? posted_ahead_ : 0;
+        std::size_t segments = 0;
+        for_each_segment(rest, [&](std::size_t, std::size_t) { ++segments; });
+        for (std::size_t k = tag == rest_tag_ ? segments : 0; k < posted_ahead_; ++k) {
+            MPI_Cancel(&recvs_[1 + k]);
+        }
+        if (segments > taken) {
+            drain_.resize(rest);
+            std::size_t k = 0;
+            for_each_segment(rest, [&](std::size_t at, std::size_t len) {
+                if (k++ >= taken) {
+                    irecv(drain_.data() + at, len, s.peer, tag);
+                }
+            });
+        }
+    }
+
+    mpi_call_header mine_without_following() const noexcept { return without_following(mine_); }
+    static mpi_call_header without_following(mpi_call_header h) noexcept {
+        h.following = 0;
+        return h;
+    }
+
+    /// The step's sends and receives are done: reduce what arrived.
+    void finish_step(const step& s) {
+        if (faulted_ || !s.checked || s.reduce_out == nullptr || !received_data_) {
+            return;
+        }
+        const void* inputs[2] = {s.reduce_in, s.recv};
+        void* outputs[1] = {s.reduce_out};
+        host_reduce(call_.type, call_.reduction, inputs, 2, outputs, 1, s.reduce_elems,
+                    s.last_reduce && call_.reduction == reduce_op::avg ? size_ : 1);
+    }
+
+    MPI_Comm comm_;
+    int rank_, size_, check_tag_, rest_tag_, gather_tag_;
+    const collective_call& call_;
+    const call_label& label_;
+    std::size_t es_;
+    int p_ = 1;
+    mpi_call_header mine_;
+    std::vector<step> steps_;
+    std::size_t current_ = 0;
+    std::size_t partial_elems_ = 0, incoming_elems_ = 0;
+    std::byte* partial_ = nullptr;
+    std::byte* incoming_ = nullptr;
+    struct {
+        const std::byte* from = nullptr; ///< in scratch
+        std::byte* out = nullptr;
+        std::size_t bytes = 0;
+    } own_block_;
+    std::byte* send_stage_ = nullptr;
+    std::vector<std::byte>* recv_stage_ = nullptr;
+    std::vector<std::byte> drain_;
+    bool first_arrived_ = false;
+    bool received_data_ = false;
+    bool mismatched_step_ = false; ///< this step's peer sent what is not used
+    std::size_t posted_ahead_ = 0; ///< receives of the rest, posted with the header's
+    bool faulted_ = false;
+    mpi_call_fault fault_;
+    std::vector<MPI_Request> recvs_, sends_;
+};
+
+} // namespace unison::detail

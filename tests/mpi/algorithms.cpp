@@ -1,0 +1,226 @@
+// Every all-reduce algorithm of the MPI backend (mpi/tuning.hpp), forced through
+// comm_options, against a serial reference: counts below, at and above the rank
+// count and across the first message's size, several ops and dtypes, in place and
+// out of place, plain and coalesced. Then the call check on the paths that carry
+// it themselves (Rabenseifner's): a count or an algorithm that differs across
+// ranks is a mismatch_error on every rank with nothing written, and the
+// communicator still works.
+
+#include <unison/mpi.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+/// Rank `rank`'s element i: multiples of 1/8 in [-125, 125], so that sums over four
+/// ranks are exact in float and the reference needs no tolerance.
+double value(int rank, std::size_t i, std::uint64_t seed) {
+    std::uint64_t h = (static_cast<std::uint64_t>(rank) + 1) * 0x9E3779B97F4A7C15ull + i + seed;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 32;
+    return static_cast<double>(static_cast<int>(h % 2001) - 1000) / 8.0;
+}
+
+/// The serial result over `ranks` ranks, in double.
+double reference(unison::reduce_op op, int ranks, std::size_t i, std::uint64_t seed) {
+    double r = value(0, i, seed);
+    for (int q = 1; q < ranks; ++q) {
+        const double v = value(q, i, seed);
+        r = op == unison::reduce_op::max ? std::max(r, v) : r + v;
+    }
+    return op == unison::reduce_op::avg ? r / ranks : r;
+}
+
+unison::mpi_communicator forced(unison::algorithm a) {
+    unison::comm_options o = unison::comm_options::from_env();
+    o.all_reduce_algorithm = a;
+    return unison::mpi_communicator(MPI_COMM_WORLD, o);
+}
+
+constexpr unison::algorithm forced_algorithms[] = {
+    unison::algorithm::automatic, unison::algorithm::recursive_doubling,
+    unison::algorithm::rabenseifner, unison::algorithm::ring, unison::algorithm::native};
+
+template <class T>
+void check_algorithm(unison::algorithm a) {
+    auto comm = forced(a);
+    const int rank = comm.rank(), n = comm.size();
+    std::uint64_t seed = 11;
+    // 1000 floats pass the first message's 4000 bytes; 70001 pass 64 KiB.
+    for (std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{7}, std::size_t{1000},
+                              std::size_t{1031}, std::size_t{70001}}) {
+        for (unison::reduce_op op :
+             {unison::reduce_op::sum, unison::reduce_op::avg, unison::reduce_op::max}) {
+            for (bool in_place : {false, true}) {
+                ++seed;
+                CAPTURE(count);
+                CAPTURE(unison::to_string(op));
+                CAPTURE(in_place);
+                std::vector<T> in(count), out(count, T(-7777));
+                for (std::size_t i = 0; i < count; ++i) {
+                    in[i] = static_cast<T>(value(rank, i, seed));
+                }
+                const std::vector<T> original = in;
+                if (in_place) {
+                    unison::all_reduce(comm, in, op);
+                    out = in;
+                } else {
+                    unison::all_reduce(comm, in, out, op);
+                    CHECK(in == original);
+                }
+                std::size_t wrong = 0;
+                for (std::size_t i = 0; i < count; ++i) {
+                    const double expect = reference(op, n, i, seed);
+                    const double tolerance = op == unison::reduce_op::avg ? 1e-6 * 125 : 0.0;
+                    wrong += std::abs(static_cast<double>(out[i]) - expect) > tolerance ? 1 : 0;
+                }
+                CHECK(wrong == 0);
+            }
+        }
+    }
+}
+
+} // namespace
+
+TEST_CASE("mpi all-reduce: every algorithm gives the serial result") {
+    for (unison::algorithm a : forced_algorithms) {
+        CAPTURE(unison::to_string(a));
+        check_algorithm<float>(a);
+        check_algorithm<double>(a);
+    }
+}
+
+TEST_CASE("mpi all-reduce: every algorithm reduces coalesced tensors") {
+    for (unison::algorithm a : forced_algorithms) {
+        CAPTURE(unison::to_string(a));
+        auto comm = forced(a);
+        const int rank = comm.rank(), n = comm.size();
+        // Tensors under and over the ring's staging limit, one empty.
+        const std::vector<std::size_t> sizes = {5, 0, 3000, 17, 40000};
+        std::vector<std::vector<float>> tensors;
+        std::vector<unison::buffer> pieces;
+        for (std::size_t t = 0; t < sizes.size(); ++t) {
+            tensors.emplace_back(sizes[t]);
+            for (std::size_t i = 0; i < sizes[t]; ++i) {
+                tensors[t][i] = static_cast<float>(value(rank, i, 100 + t));
+            }
+        }
+        for (auto& t : tensors) {
+            pieces.push_back(unison::as_buffer(t));
+        }
+        unison::all_reduce_coalesced(comm, std::span<const unison::buffer>(pieces));
+        std::size_t wrong = 0;
+        for (std::size_t t = 0; t < sizes.size(); ++t) {
+            for (std::size_t i = 0; i < sizes[t]; ++i) {
+                const double expect = reference(unison::reduce_op::sum, n, i, 100 + t);
+                wrong += static_cast<double>(tensors[t][i]) != expect ? 1 : 0;
+            }
+        }
+        CHECK(wrong == 0);
+    }
+}
+
+TEST_CASE("mpi all-reduce: Rabenseifner reduces 16-bit floats") {
+    auto comm = forced(unison::algorithm::rabenseifner);
+    const int rank = comm.rank(), n = comm.size();
+    const std::size_t count = 5003;
+    std::vector<unison::bf16> data(count);
+    for (std::size_t i = 0; i < count; ++i) {
+        data[i] = unison::bf16(static_cast<float>(static_cast<int>(i % 9) - 4 + rank));
+    }
+    unison::all_reduce(comm, data);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+        double expect = 0;
+        for (int q = 0; q < n; ++q) {
+            expect += static_cast<int>(i % 9) - 4 + q; // small integers: exact in bf16
+        }
+        wrong += static_cast<double>(static_cast<float>(data[i])) != expect ? 1 : 0;
+    }
+    CHECK(wrong == 0);
+}
+
+TEST_CASE("mpi all-reduce: Rabenseifner checks the call as it goes and loses nothing") {
+    auto comm = forced(unison::algorithm::rabenseifner);
+    const int rank = comm.rank(), n = comm.size();
+    if (n < 2) {
+        return;
+    }
+    // Rank n-1 passes one element more: every rank hears of it before any output is
+    // written, whichever step of the halving meets the difference.
+    for (std::size_t count : {std::size_t{10}, std::size_t{5000}, std::size_t{40000}}) {
+        for (bool in_place : {false, true}) {
+            CAPTURE(count);
+            CAPTURE(in_place);
+            const std::size_t mine = count + (rank == n - 1 ? 1 : 0);
+            std::vector<float> in(mine), out(mine, -1.0f);
+            for (std::size_t i = 0; i < mine; ++i) {
+                in[i] = static_cast<float>(value(rank, i, 5));
+            }
+            const std::vector<float> original = in;
+            std::string field;
+            try {
+                if (in_place) {
+                    unison::all_reduce(comm, in);
+                } else {
+                    unison::all_reduce(comm, in, out);
+                }
+            } catch (const unison::mismatch_error& e) {
+                field = e.field();
+            }
+            CHECK(field == "count");
+            CHECK(in == original);
+            CHECK(out == std::vector<float>(mine, -1.0f));
+        }
+    }
+    // Still usable.
+    std::vector<float> x(3000, static_cast<float>(rank + 1));
+    unison::all_reduce(comm, x);
+    CHECK(x.front() == static_cast<float>(n * (n + 1) / 2));
+    CHECK(x.back() == static_cast<float>(n * (n + 1) / 2));
+}
+
+TEST_CASE("mpi all-reduce: ranks forcing different algorithms fail alike") {
+    const int rank = [] {
+        int r = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &r);
+        return r;
+    }();
+    int n = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    if (n < 2) {
+        return;
+    }
+    // Rank 0 against the others, for each pair that Rabenseifner meets: a handshake
+    // that carries data (recursive doubling), one that carries none (ring, native).
+    for (unison::algorithm other : {unison::algorithm::recursive_doubling, unison::algorithm::ring,
+                                    unison::algorithm::native}) {
+        for (std::size_t count : {std::size_t{100}, std::size_t{30000}}) {
+            CAPTURE(unison::to_string(other));
+            CAPTURE(count);
+            auto comm = forced(rank == 0 ? other : unison::algorithm::rabenseifner);
+            std::vector<float> in(count, 1.0f), out(count, -1.0f);
+            std::string field, message;
+            try {
+                unison::all_reduce(comm, in, out);
+            } catch (const unison::mismatch_error& e) {
+                field = e.field();
+                message = e.what();
+            }
+            CHECK(field == "algorithm");
+            CHECK(message.find("rabenseifner") != std::string::npos);
+            CHECK(out == std::vector<float>(count, -1.0f));
+            // Still usable: nothing of the failed call is left to meet the next one.
+            std::vector<float> root_data(count, rank == 0 ? 3.5f : 0.0f);
+            unison::broadcast(comm, root_data, 0);
+            CHECK(root_data == std::vector<float>(count, 3.5f));
+        }
+    }
+}

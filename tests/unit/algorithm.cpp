@@ -1,0 +1,86 @@
+// The all-reduce algorithms' names and options (comm/algorithm.hpp, comm/options.hpp)
+// and the MPI backend's tuning (mpi/tuning.hpp): every algorithm is chosen
+// somewhere, the choice is the same on every rank for the same call, and a forced
+// algorithm wins wherever there is more than one rank.
+
+#include <unison/comm/algorithm.hpp>
+#include <unison/comm/options.hpp>
+#include <unison/core/error.hpp>
+#include <unison/mpi/tuning.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <set>
+#include <string>
+
+TEST_CASE("algorithm names round-trip and unknown names are refused") {
+    for (unison::algorithm a : unison::all_algorithms) {
+        CHECK(unison::algorithm_from_string(unison::to_string(a)) == a);
+    }
+    CHECK_FALSE(unison::algorithm_from_string("rings").has_value());
+    CHECK_FALSE(unison::algorithm_from_string("").has_value());
+}
+
+TEST_CASE("UNISON_ALGORITHM forces an algorithm; a name that is none is an error") {
+    ::setenv("UNISON_ALGORITHM", "rabenseifner", 1);
+    CHECK(unison::comm_options::from_env().all_reduce_algorithm == unison::algorithm::rabenseifner);
+    ::setenv("UNISON_ALGORITHM", "butterfly", 1);
+    std::string message;
+    try {
+        (void)unison::comm_options::from_env();
+    } catch (const unison::argument_error& e) {
+        message = e.what();
+    }
+    CHECK(message.find("UNISON_ALGORITHM") != std::string::npos);
+    CHECK(message.find("'butterfly'") != std::string::npos);
+    CHECK(message.find("rabenseifner") != std::string::npos); // names the choices
+    ::unsetenv("UNISON_ALGORITHM");
+    CHECK(unison::comm_options::from_env().all_reduce_algorithm == unison::algorithm::automatic);
+}
+
+TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
+    using unison::algorithm;
+    std::set<algorithm> chosen;
+    for (int ranks : {1, 2, 3, 4, 5, 8, 12, 16, 24, 64, 96, 1000, 1024}) {
+        for (bool one_node : {false, true}) {
+            algorithm previous = algorithm::recursive_doubling;
+            for (std::size_t bytes = 1; bytes <= (std::size_t{1} << 32); bytes *= 2) {
+                const algorithm a = unison::mpi_tuning::all_reduce(bytes, ranks, one_node);
+                chosen.insert(a);
+                CAPTURE(ranks);
+                CAPTURE(one_node);
+                CAPTURE(bytes);
+                // Sizes only move the choice towards fewer messages per byte.
+                CHECK(static_cast<int>(a) >= static_cast<int>(previous));
+                previous = a;
+                if (ranks == 1) {
+                    CHECK(a == algorithm::recursive_doubling);
+                }
+            }
+        }
+    }
+    CHECK(chosen == std::set<algorithm>{algorithm::recursive_doubling, algorithm::rabenseifner,
+                                        algorithm::ring});
+    // The boundaries, as defined once in the tuning file.
+    using namespace unison::mpi_tuning;
+    CHECK(all_reduce(node_ring_min_bytes - 1, 4, true) == algorithm::recursive_doubling);
+    CHECK(all_reduce(node_ring_min_bytes, 4, true) == algorithm::ring);
+    CHECK(all_reduce(rabenseifner_min_bytes(64) - 1, 64, false) == algorithm::recursive_doubling);
+    CHECK(all_reduce(rabenseifner_min_bytes(64), 64, false) == algorithm::rabenseifner);
+    CHECK(all_reduce(std::size_t{1} << 32, 64, false) == algorithm::rabenseifner);
+    CHECK(all_reduce(96 * ring_min_bytes_per_rank, 96, false) == algorithm::ring);
+    CHECK(all_reduce(96 * ring_min_bytes_per_rank - 96, 96, false) == algorithm::rabenseifner);
+}
+
+TEST_CASE("mpi tuning: a forced algorithm wins over the tuning, but not for one rank") {
+    using unison::algorithm;
+    for (algorithm a : unison::all_algorithms) {
+        const algorithm ran = unison::mpi_all_reduce_algorithm(a, 1 << 20, 8, false);
+        CHECK(ran ==
+              (a == algorithm::automatic ? unison::mpi_tuning::all_reduce(1 << 20, 8, false) : a));
+        CHECK(unison::mpi_all_reduce_algorithm(a, 1 << 20, 1, false) ==
+              algorithm::recursive_doubling);
+    }
+}
