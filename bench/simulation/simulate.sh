@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Runs unison's all-reduce against the simulated MPI_Allreduce on simulated
+# clusters: builds allreduce_sim.cpp with SimGrid's smpicxx and runs it under
+# smpirun for each platform file, rank count and MPI algorithm selector asked for,
+# printing the driver's CSV rows with the platform and selector in front
+# (platform,selector,ranks,bytes,algorithm,chosen,us,correct) and, on stderr, how
+# long each run took here.
+#
+#   bench/simulation/simulate.sh [-p "flat two_level fat_tree"] [-n "2 4 8"]
+#       [-s "ompi mpich"] [-o out.csv] [-t seconds] [--shared-from N] [-- driver options]
+#
+# Unison's own rows do not depend on the selector (only MPI_Allreduce does), so
+# they run under the first selector only. From --shared-from ranks on (default
+# 256) the driver backs its buffers with SimGrid's shared allocations, which keep
+# memory flat at any rank count but leave the results unchecked. Every run is
+# bounded by -t seconds (default 600). Needs libsimgrid-dev (smpicxx, smpirun):
+# without it, exits 77 (CTest's skip) saying so.
+#
+# Simulation settings: compute time is not simulated (only communication is
+# compared); MPI_Test and MPI_Iprobe cost 0.1 us each without growing (SimGrid's
+# default is 100 us, growing while a poll finds nothing, which would charge any
+# polling loop for the simulator's own shortcut); messages under 64 KiB are sent
+# eagerly, without waiting for their receive (Open MPI's TCP eager limit; SimGrid's
+# default makes every message wait for its receive, which real MPIs do only for
+# large ones). SimGrid's default latency and bandwidth factors by message size
+# (calibrated on a real cluster) stay.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+platforms="flat two_level fat_tree"
+ranks="2 4 8 16 32 64"
+selectors="ompi mpich"
+out=/dev/stdout
+limit=600
+shared_from=256
+driver_args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -p) platforms=$2; shift 2 ;;
+    -n) ranks=$2; shift 2 ;;
+    -s) selectors=$2; shift 2 ;;
+    -o) out=$2; shift 2 ;;
+    -t) limit=$2; shift 2 ;;
+    --shared-from) shared_from=$2; shift 2 ;;
+    --) shift; driver_args=("$@"); break ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "simulate.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+for tool in smpicxx smpirun; do
+    command -v "$tool" >/dev/null || {
+        echo "simulate.sh: $tool not found: install SimGrid (apt-get install libsimgrid-dev)" >&2
+        exit 77
+    }
+done
+
+build=${UNISON_SIM_BUILD:-$root/build/simulation}
+mkdir -p "$build"
+driver=$build/allreduce_sim
+if [ ! -x "$driver" ] || [ -n "$(find "$here/allreduce_sim.cpp" "$root/include" -newer "$driver" -print -quit)" ]; then
+    smpicxx -std=c++20 -O2 -DUNISON_WITH_MPI -I"$root/include" "$here/allreduce_sim.cpp" \
+        -o "$driver" 2>"$build/build.log" || { cat "$build/build.log" >&2; exit 1; }
+fi
+
+# A hostfile of n ranks for platform $1: one rank per host, or 8 per host on
+# two_level (whose hosts have 8 cores).
+hostfile() {
+    local per=1
+    [ "$1" = two_level ] && per=8
+    awk -v n="$2" -v per="$per" 'BEGIN { for (r = 0; r < n; r++) print "node-" int(r / per) }' \
+        >"$build/hosts"
+    echo "$build/hosts"
+}
+
+echo "platform,selector,ranks,bytes,algorithm,chosen,us,correct" >"$out"
+for platform in $platforms; do
+    xml=$here/platforms/$platform.xml
+    [ -f "$xml" ] || { echo "simulate.sh: no platform file $xml" >&2; exit 2; }
+    for n in $ranks; do
+        first=1
+        for selector in $selectors; do
+            args=("${driver_args[@]}")
+            [ "$n" -ge "$shared_from" ] && args+=(--shared)
+            [ $first -eq 0 ] && args+=(-a none)
+            start=$(date +%s.%N)
+            if ! timeout "$limit" smpirun -np "$n" -platform "$xml" -hostfile "$(hostfile "$platform" "$n")" \
+                --cfg=smpi/coll-selector:"$selector" --cfg=smpi/simulate-computation:no \
+                --cfg=smpi/test:1e-7 --cfg=smpi/iprobe:1e-7 --cfg=smpi/grow-injected-times:no \
+                --cfg=smpi/async-small-thresh:65536 --cfg=smpi/send-is-detached-thresh:65536 \
+                --log=root.thres:critical "$driver" "${args[@]}" >"$build/run.csv" 2>"$build/run.err"; then
+                echo "simulate.sh: $platform, $n ranks, $selector: failed or ran past ${limit}s" >&2
+                tail -5 "$build/run.err" >&2
+                exit 1
+            fi
+            end=$(date +%s.%N)
+            tail -n +2 "$build/run.csv" | sed "s/^/$platform,$selector,/" >>"$out"
+            awk -v p="$platform" -v n="$n" -v s="$selector" -v a="$start" -v b="$end" \
+                'BEGIN { printf "simulate.sh: %s, %d ranks, %s: %.1f s\n", p, n, s, b - a }' >&2
+            first=0
+        done
+    done
+done
