@@ -65,10 +65,13 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
                                         algorithm::ring});
     // The boundaries, as defined once in the tuning file.
     using namespace unison::mpi_tuning;
-    CHECK(all_reduce(node_ring_min_bytes - 1, 4, true) == algorithm::recursive_doubling);
-    CHECK(all_reduce(node_ring_min_bytes, 4, true) == algorithm::ring);
-    CHECK(all_reduce(rabenseifner_min_bytes(64) - 1, 64, false) == algorithm::recursive_doubling);
-    CHECK(all_reduce(rabenseifner_min_bytes(64), 64, false) == algorithm::rabenseifner);
+    CHECK(all_reduce(node_ring_min_bytes - 1, 2, true) == algorithm::recursive_doubling);
+    CHECK(all_reduce(node_ring_min_bytes, 2, true) == algorithm::ring);
+    CHECK(all_reduce(node_rabenseifner_min_bytes, 8, true) == algorithm::rabenseifner);
+    CHECK(all_reduce(std::size_t{1} << 32, 2, false) == algorithm::recursive_doubling);
+    CHECK(all_reduce(rabenseifner_min_bytes(64, false) - 1, 64, false) ==
+          algorithm::recursive_doubling);
+    CHECK(all_reduce(rabenseifner_min_bytes(64, false), 64, false) == algorithm::rabenseifner);
     CHECK(all_reduce(std::size_t{1} << 32, 64, false) == algorithm::rabenseifner);
     CHECK(all_reduce(96 * ring_min_bytes_per_rank, 96, false) == algorithm::ring);
     CHECK(all_reduce(96 * ring_min_bytes_per_rank - 96, 96, false) == algorithm::rabenseifner);

@@ -13,11 +13,12 @@
 ///   log2(n) exchanges of the whole buffer: the fewest messages, so the choice for
 ///   small buffers;
 /// - rabenseifner (rabenseifner.hpp): recursive halving then doubling, the call check
-///   riding the halving: 2 log2(n) messages and twice the data, for medium buffers on
-///   many ranks;
+///   riding the halving: 2 log2(n) messages and twice the data, for everything
+///   larger;
 /// - ring (ring_allreduce.hpp): after the check, 2 (n - 1) messages of 1/n of the
-///   buffer each, sent straight from and into the caller's tensors: the least data
-///   per link and no scratch beyond one chunk, for large buffers and few ranks;
+///   buffer each, sent straight from and into the caller's tensors: no scratch
+///   beyond one chunk and no fold, for large buffers on two or three ranks of one
+///   node and on rank counts that are not a power of two;
 /// - native: after the check, MPI's own MPI_Iallreduce.
 
 #include "unison/comm/algorithm.hpp"
@@ -27,66 +28,72 @@
 
 namespace unison::mpi_tuning {
 
-// ---- One node: every rank shares memory with every other (MPI_COMM_TYPE_SHARED).
-// Measured on Open MPI 4.1 over shared memory at 2-4 processes (docs/performance.md,
-// "MPI all-reduce"): recursive doubling rides the handshake's messages, and from 64
-// KiB the ring, whose sends read straight from the tensors, matches MPI_Allreduce
-// while recursive doubling's staging copies cost more than the ring's second step.
+// Recursive doubling moves the whole buffer log2(n) times in log2(n) messages;
+// Rabenseifner twice in 2 log2(n) messages; the ring twice in 2 (n - 1) messages.
+// So recursive doubling wins on small buffers, Rabenseifner from where the extra
+// copies of the buffer cost more than its extra messages, and the ring only where
+// Rabenseifner's fold (n not a power of two: the ranks beyond the largest power of
+// two hand their whole buffer over and get the result back) costs more than the
+// ring's extra messages.
 
-/// One node: recursive doubling below this many bytes, the ring from it on.
+// ---- Measured on one node, for real: Open MPI 4.1 over shared memory at 2
+// processes (docs/performance.md, "MPI all-reduce"). Recursive doubling's staging
+// copies cost more than the ring's second step from 64 KiB, and the ring, whose
+// sends read straight from the tensors, matches MPI_Allreduce there.
+
+/// Up to this many ranks on one node: recursive doubling, then the ring.
+inline constexpr int node_ring_max_ranks = 3;
+/// ... from this many bytes.
 inline constexpr std::size_t node_ring_min_bytes = 64 * 1024;
 
-// ---- Several nodes. Measured in simulation (bench/simulation/simulate.sh: flat,
-// two-level and fat-tree clusters of 12.5 GB/s, 2 us links, 4-64 ranks; the tables
-// are in docs/performance.md, "All-reduce at scale"). Recursive doubling moves the
-// whole buffer log2(n) times and Rabenseifner twice, at twice the messages: with 4
-// ranks they send equally many messages and recursive doubling stays ahead up to
-// megabytes; from 8 ranks Rabenseifner is ahead from a few KiB on. The ring's
-// 2 (n - 1) messages lost to Rabenseifner's 2 log2(n) at every size on every
-// platform when n is a power of two; when it is not, Rabenseifner's fold sends the
-// whole buffer twice more, which the ring wins back on large buffers.
+// ---- Measured in simulation (bench/simulation/simulate.sh; docs/performance.md,
+// "All-reduce at scale": a flat cluster, nodes of 8 ranks and a fat tree, links of
+// 12.5 GB/s and 2 us, 2 to 64 ranks): the smallest all-reduce for which
+// Rabenseifner beat recursive doubling. Two ranks on two nodes: never (both move
+// the buffer once each way, recursive doubling in one message).
 
-/// Several nodes: recursive doubling below this many bytes, for up to
-/// few_ranks ranks ...
-inline constexpr int few_ranks = 4;
+/// More ranks on one node than node_ring_max_ranks (the node's memory shared by
+/// all: nodes of 8 ranks, 4 and 8 of them).
+inline constexpr std::size_t node_rabenseifner_min_bytes = 128 * 1024;
+/// Several nodes, up to 4 ranks ...
 inline constexpr std::size_t few_ranks_rabenseifner_min_bytes = 2 * 1024 * 1024;
-/// ... and for up to 8 ranks ...
-inline constexpr int some_ranks = 8;
+/// ... up to 8 ...
 inline constexpr std::size_t some_ranks_rabenseifner_min_bytes = 16 * 1024;
-/// ... and for more.
+/// ... and more.
 inline constexpr std::size_t many_ranks_rabenseifner_min_bytes = 8 * 1024;
-/// Several nodes, a rank count that is not a power of two: the ring from this many
-/// bytes per rank on (a ring step's message is then large enough that its
-/// per-message cost is below the fold's extra transfer of the buffer).
+
+/// When the rank count is not a power of two: the ring from this many bytes per
+/// rank on (its messages are then large enough that their number costs less than
+/// Rabenseifner's fold).
 inline constexpr std::size_t ring_min_bytes_per_rank = 512 * 1024;
 
 static_assert(many_ranks_rabenseifner_min_bytes <= some_ranks_rabenseifner_min_bytes &&
                   some_ranks_rabenseifner_min_bytes <= few_ranks_rabenseifner_min_bytes,
               "the more ranks, the sooner recursive doubling's log2(n) whole-buffer "
               "exchanges cost more than Rabenseifner's extra messages");
-static_assert(few_ranks < some_ranks);
-static_assert(ring_min_bytes_per_rank * some_ranks > some_ranks_rabenseifner_min_bytes,
-              "the ring takes over only above Rabenseifner's range");
+static_assert(ring_min_bytes_per_rank * (node_ring_max_ranks + 1) > node_rabenseifner_min_bytes,
+              "on one node, Rabenseifner has a range of sizes before the ring");
 
-/// The smallest all-reduce, in bytes, that Rabenseifner carries over `ranks` ranks
-/// on several nodes.
-constexpr std::size_t rabenseifner_min_bytes(int ranks) noexcept {
-    return ranks <= few_ranks    ? few_ranks_rabenseifner_min_bytes
-           : ranks <= some_ranks ? some_ranks_rabenseifner_min_bytes
-                                 : many_ranks_rabenseifner_min_bytes;
+/// The smallest all-reduce, in bytes, that Rabenseifner (or the ring) carries over
+/// `ranks` ranks; `one_node` when every rank shares memory with every other.
+constexpr std::size_t rabenseifner_min_bytes(int ranks, bool one_node) noexcept {
+    if (one_node) {
+        return ranks <= node_ring_max_ranks ? node_ring_min_bytes : node_rabenseifner_min_bytes;
+    }
+    return ranks == 2   ? static_cast<std::size_t>(-1)
+           : ranks <= 4 ? few_ranks_rabenseifner_min_bytes
+           : ranks <= 8 ? some_ranks_rabenseifner_min_bytes
+                        : many_ranks_rabenseifner_min_bytes;
 }
 
 /// The algorithm that carries an all-reduce of `bytes` over `ranks` ranks when
 /// none is forced; `one_node` when every rank shares memory with every other.
 constexpr algorithm all_reduce(std::size_t bytes, int ranks, bool one_node) noexcept {
-    if (ranks <= 1) {
+    if (ranks <= 1 || bytes < rabenseifner_min_bytes(ranks, one_node)) {
         return algorithm::recursive_doubling;
     }
-    if (one_node) {
-        return bytes < node_ring_min_bytes ? algorithm::recursive_doubling : algorithm::ring;
-    }
-    if (bytes < rabenseifner_min_bytes(ranks)) {
-        return algorithm::recursive_doubling;
+    if (one_node && ranks <= node_ring_max_ranks) {
+        return algorithm::ring;
     }
     const bool power_of_two = std::has_single_bit(static_cast<unsigned>(ranks));
     if (!power_of_two && bytes / static_cast<std::size_t>(ranks) >= ring_min_bytes_per_rank) {
