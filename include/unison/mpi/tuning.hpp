@@ -62,23 +62,33 @@ inline constexpr std::size_t some_ranks_rabenseifner_min_bytes = 16 * 1024;
 /// ... and more.
 inline constexpr std::size_t many_ranks_rabenseifner_min_bytes = 8 * 1024;
 
-/// When the rank count is not a power of two: the ring from this many bytes per
-/// rank on (its messages are then large enough that their number costs less than
-/// Rabenseifner's fold).
+// ---- Rank counts that are not a power of two, measured the same way at 3, 6, 12
+// and 24 ranks. Rabenseifner's fold makes the ranks beyond the largest power of two
+// hand their whole buffer over and get the result back, which recursive doubling's
+// fold costs too but the ring's 2 (n - 1) steps do not.
+
+/// Up to this many ranks, not a power of two: recursive doubling, then the ring ...
+inline constexpr int odd_few_ranks = 8;
+/// ... from this many bytes.
+inline constexpr std::size_t odd_few_ring_min_bytes = 256 * 1024;
+/// More ranks, not a power of two: recursive doubling below this many bytes, then
+/// Rabenseifner ...
+inline constexpr std::size_t odd_rabenseifner_min_bytes = 64 * 1024;
+/// ... and the ring from this many bytes per rank (its messages then large enough
+/// that their number costs less than the fold).
 inline constexpr std::size_t ring_min_bytes_per_rank = 512 * 1024;
 
 static_assert(many_ranks_rabenseifner_min_bytes <= some_ranks_rabenseifner_min_bytes &&
                   some_ranks_rabenseifner_min_bytes <= few_ranks_rabenseifner_min_bytes,
               "the more ranks, the sooner recursive doubling's log2(n) whole-buffer "
               "exchanges cost more than Rabenseifner's extra messages");
-static_assert(ring_min_bytes_per_rank * (node_ring_max_ranks + 1) > node_rabenseifner_min_bytes,
-              "on one node, Rabenseifner has a range of sizes before the ring");
-
-/// The smallest all-reduce, in bytes, that Rabenseifner (or the ring) carries over
-/// `ranks` ranks; `one_node` when every rank shares memory with every other.
+static_assert(ring_min_bytes_per_rank * (odd_few_ranks + 1) > odd_rabenseifner_min_bytes,
+              "past odd_few_ranks, Rabenseifner has a range of sizes before the ring");
+/// The smallest all-reduce, in bytes, that Rabenseifner carries over `ranks` ranks,
+/// a power of two; `one_node` when every rank shares memory with every other.
 constexpr std::size_t rabenseifner_min_bytes(int ranks, bool one_node) noexcept {
     if (one_node) {
-        return ranks <= node_ring_max_ranks ? node_ring_min_bytes : node_rabenseifner_min_bytes;
+        return node_rabenseifner_min_bytes;
     }
     return ranks == 2   ? static_cast<std::size_t>(-1)
            : ranks <= 4 ? few_ranks_rabenseifner_min_bytes
@@ -89,17 +99,25 @@ constexpr std::size_t rabenseifner_min_bytes(int ranks, bool one_node) noexcept 
 /// The algorithm that carries an all-reduce of `bytes` over `ranks` ranks when
 /// none is forced; `one_node` when every rank shares memory with every other.
 constexpr algorithm all_reduce(std::size_t bytes, int ranks, bool one_node) noexcept {
-    if (ranks <= 1 || bytes < rabenseifner_min_bytes(ranks, one_node)) {
+    if (ranks <= 1) {
         return algorithm::recursive_doubling;
     }
     if (one_node && ranks <= node_ring_max_ranks) {
-        return algorithm::ring;
+        return bytes < node_ring_min_bytes ? algorithm::recursive_doubling : algorithm::ring;
     }
-    const bool power_of_two = std::has_single_bit(static_cast<unsigned>(ranks));
-    if (!power_of_two && bytes / static_cast<std::size_t>(ranks) >= ring_min_bytes_per_rank) {
-        return algorithm::ring;
+    if (!std::has_single_bit(static_cast<unsigned>(ranks))) {
+        if (ranks <= odd_few_ranks) {
+            return bytes < odd_few_ring_min_bytes ? algorithm::recursive_doubling : algorithm::ring;
+        }
+        if (bytes < odd_rabenseifner_min_bytes) {
+            return algorithm::recursive_doubling;
+        }
+        return bytes / static_cast<std::size_t>(ranks) >= ring_min_bytes_per_rank
+                   ? algorithm::ring
+                   : algorithm::rabenseifner;
     }
-    return algorithm::rabenseifner;
+    return bytes < rabenseifner_min_bytes(ranks, one_node) ? algorithm::recursive_doubling
+                                                           : algorithm::rabenseifner;
 }
 
 } // namespace unison::mpi_tuning

@@ -188,8 +188,11 @@ private:
         int peer = -1;
         bool checked = false;       ///< the call header travels first (fold, reduce-scatter)
         bool writes_output = false; ///< receives into the caller's output
-        bool copy_block = false;    ///< first all-gather step: the own block to the output
-        bool sends = false;         ///< sends at all (a checked step: at least the header)
+        /// The peer compared this rank's header before sending (the fold's way back):
+        /// its data can only be this call's result.
+        bool peer_checked = false;
+        bool copy_block = false; ///< first all-gather step: the own block to the output
+        bool sends = false;      ///< sends at all (a checked step: at least the header)
         const std::byte* send = nullptr;
         std::size_t send_elems = 0;
         std::byte* recv = nullptr;
@@ -228,6 +231,7 @@ private:
             take.peer = rank_ + 1;
             take.checked = true;
             take.writes_output = true;
+            take.peer_checked = true;
             take.recv = out;
             take.recv_bytes = count * es_;
             steps_.push_back(take);
@@ -396,12 +400,13 @@ private:
         }
         if (s.recv_bytes != no_recv) {
             irecv(recv_stage_->data(), mpi_first_message_bytes, s.peer, check_tag_);
-            // The rest of the peer's data is received straight into scratch, posted
+            // The rest of the peer's data is received straight where it goes, posted
             // now so that it can arrive with the header rather than a round trip after
-            // it (a large message moves only once its receive is posted). Never into
-            // the caller's output: only the header says whether the call agrees.
+            // it (a large message moves only once its receive is posted). Into the
+            // caller's output only from a peer that has checked this rank's call
+            // already: any other's header is still to say whether the calls agree.
             constexpr std::size_t inline_room = mpi_first_message_bytes - mpi_header_bytes;
-            if (!faulted_ && !s.writes_output && s.recv_bytes > inline_room) {
+            if (!faulted_ && (!s.writes_output || s.peer_checked) && s.recv_bytes > inline_room) {
                 for_each_segment(s.recv_bytes - inline_room, [&](std::size_t at, std::size_t len) {
                     irecv(s.recv + inline_room + at, len, s.peer, rest_tag_);
                     ++posted_ahead_;
