@@ -153,31 +153,36 @@ TEST_CASE("mpi all-reduce: Rabenseifner checks the call as it goes and loses not
     if (n < 2) {
         return;
     }
-    // Rank n-1 passes one element more: every rank hears of it before any output is
-    // written, whichever step of the halving meets the difference.
+    // Rank n-1 passes one element more, or three times as many (its halves, larger
+    // than the ones its partners expect, must be received at their announced size):
+    // every rank hears of it before any output is written, whichever step of the
+    // halving meets the difference.
     for (std::size_t count : {std::size_t{10}, std::size_t{5000}, std::size_t{40000}}) {
         for (bool in_place : {false, true}) {
-            CAPTURE(count);
-            CAPTURE(in_place);
-            const std::size_t mine = count + (rank == n - 1 ? 1 : 0);
-            std::vector<float> in(mine), out(mine, -1.0f);
-            for (std::size_t i = 0; i < mine; ++i) {
-                in[i] = static_cast<float>(value(rank, i, 5));
-            }
-            const std::vector<float> original = in;
-            std::string field;
-            try {
-                if (in_place) {
-                    unison::all_reduce(comm, in);
-                } else {
-                    unison::all_reduce(comm, in, out);
+            for (bool triple : {false, true}) {
+                CAPTURE(count);
+                CAPTURE(in_place);
+                CAPTURE(triple);
+                const std::size_t mine = rank == n - 1 ? (triple ? 3 * count : count + 1) : count;
+                std::vector<float> in(mine), out(mine, -1.0f);
+                for (std::size_t i = 0; i < mine; ++i) {
+                    in[i] = static_cast<float>(value(rank, i, 5));
                 }
-            } catch (const unison::mismatch_error& e) {
-                field = e.field();
+                const std::vector<float> original = in;
+                std::string field;
+                try {
+                    if (in_place) {
+                        unison::all_reduce(comm, in);
+                    } else {
+                        unison::all_reduce(comm, in, out);
+                    }
+                } catch (const unison::mismatch_error& e) {
+                    field = e.field();
+                }
+                CHECK(field == "count");
+                CHECK(in == original);
+                CHECK(out == std::vector<float>(mine, -1.0f));
             }
-            CHECK(field == "count");
-            CHECK(in == original);
-            CHECK(out == std::vector<float>(mine, -1.0f));
         }
     }
     // Still usable.

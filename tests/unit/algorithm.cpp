@@ -73,8 +73,10 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
           algorithm::recursive_doubling);
     CHECK(all_reduce(rabenseifner_min_bytes(64, false), 64, false) == algorithm::rabenseifner);
     CHECK(all_reduce(std::size_t{1} << 32, 64, false) == algorithm::rabenseifner);
-    CHECK(all_reduce(odd_few_ring_min_bytes - 1, 6, false) == algorithm::recursive_doubling);
-    CHECK(all_reduce(odd_few_ring_min_bytes, 6, false) == algorithm::ring);
+    CHECK(all_reduce(odd_few_ring_min_bytes - 1, 3, false) == algorithm::recursive_doubling);
+    CHECK(all_reduce(odd_few_ring_min_bytes, 3, false) == algorithm::ring);
+    CHECK(all_reduce(odd_some_ring_min_bytes - 1, 6, false) == algorithm::recursive_doubling);
+    CHECK(all_reduce(odd_some_ring_min_bytes, 6, false) == algorithm::ring);
     CHECK(all_reduce(odd_rabenseifner_min_bytes, 96, false) == algorithm::rabenseifner);
     CHECK(all_reduce(96 * ring_min_bytes_per_rank, 96, false) == algorithm::ring);
     CHECK(all_reduce(96 * ring_min_bytes_per_rank - 96, 96, false) == algorithm::rabenseifner);

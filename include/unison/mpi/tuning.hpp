@@ -62,15 +62,17 @@ inline constexpr std::size_t some_ranks_rabenseifner_min_bytes = 16 * 1024;
 /// ... and more.
 inline constexpr std::size_t many_ranks_rabenseifner_min_bytes = 8 * 1024;
 
-// ---- Rank counts that are not a power of two, measured the same way at 3, 6, 12
-// and 24 ranks. Rabenseifner's fold makes the ranks beyond the largest power of two
+// ---- Rank counts that are not a power of two, measured the same way at 3, 6, 12,
+// 24, 48 and 96 ranks. Rabenseifner's fold makes the ranks beyond the largest power of two
 // hand their whole buffer over and get the result back, which recursive doubling's
 // fold costs too but the ring's 2 (n - 1) steps do not.
 
-/// Up to this many ranks, not a power of two: recursive doubling, then the ring ...
-inline constexpr int odd_few_ranks = 8;
-/// ... from this many bytes.
-inline constexpr std::size_t odd_few_ring_min_bytes = 256 * 1024;
+/// Up to 4 ranks, not a power of two: recursive doubling, then the ring from this
+/// many bytes ...
+inline constexpr std::size_t odd_few_ring_min_bytes = 64 * 1024;
+/// ... up to odd_some_ranks: from this many.
+inline constexpr int odd_some_ranks = 8;
+inline constexpr std::size_t odd_some_ring_min_bytes = 2 * 1024 * 1024;
 /// More ranks, not a power of two: recursive doubling below this many bytes, then
 /// Rabenseifner ...
 inline constexpr std::size_t odd_rabenseifner_min_bytes = 64 * 1024;
@@ -82,8 +84,9 @@ static_assert(many_ranks_rabenseifner_min_bytes <= some_ranks_rabenseifner_min_b
                   some_ranks_rabenseifner_min_bytes <= few_ranks_rabenseifner_min_bytes,
               "the more ranks, the sooner recursive doubling's log2(n) whole-buffer "
               "exchanges cost more than Rabenseifner's extra messages");
-static_assert(ring_min_bytes_per_rank * (odd_few_ranks + 1) > odd_rabenseifner_min_bytes,
-              "past odd_few_ranks, Rabenseifner has a range of sizes before the ring");
+static_assert(ring_min_bytes_per_rank * (odd_some_ranks + 1) > odd_rabenseifner_min_bytes,
+              "past odd_some_ranks, Rabenseifner has a range of sizes before the ring");
+static_assert(odd_few_ring_min_bytes <= odd_some_ring_min_bytes);
 /// The smallest all-reduce, in bytes, that Rabenseifner carries over `ranks` ranks,
 /// a power of two; `one_node` when every rank shares memory with every other.
 constexpr std::size_t rabenseifner_min_bytes(int ranks, bool one_node) noexcept {
@@ -106,8 +109,10 @@ constexpr algorithm all_reduce(std::size_t bytes, int ranks, bool one_node) noex
         return bytes < node_ring_min_bytes ? algorithm::recursive_doubling : algorithm::ring;
     }
     if (!std::has_single_bit(static_cast<unsigned>(ranks))) {
-        if (ranks <= odd_few_ranks) {
-            return bytes < odd_few_ring_min_bytes ? algorithm::recursive_doubling : algorithm::ring;
+        if (ranks <= odd_some_ranks) {
+            const std::size_t ring_from =
+                ranks <= 4 ? odd_few_ring_min_bytes : odd_some_ring_min_bytes;
+            return bytes < ring_from ? algorithm::recursive_doubling : algorithm::ring;
         }
         if (bytes < odd_rabenseifner_min_bytes) {
             return algorithm::recursive_doubling;

@@ -127,9 +127,11 @@ void for_each_segment(std::size_t bytes, F&& f) {
 }
 
 /// The tag on which a step's message continues beyond its first message, for a
-/// sender whose header says `algo` and `sequence`: Rabenseifner's (which posts the
-/// receive of the rest together with the header's) on the ring's tag, so that the
-/// rest can never be taken for a header; the handshake's on the header's own tag.
+/// sender whose header says `algo` and `sequence`: Rabenseifner's on the ring's tag
+/// (which a Rabenseifner call does not otherwise use), the handshake's on the
+/// header's own. A receiver posts the receive of a rest only once the header has
+/// announced its exact size: a receive smaller than its message is an error that
+/// Open MPI 4.1 has been seen to answer by writing past the receive's buffer.
 constexpr int mpi_rest_tag(std::uint32_t algo, std::uint64_t sequence) noexcept {
     return algo == static_cast<std::uint32_t>(algorithm::rabenseifner)
                ? mpi_tag(mpi_ring_tag_base, mpi_ring_tags, sequence)

@@ -113,7 +113,7 @@ public:
                 first_arrived_ = true;
                 receive_first(s, status);
             }
-            if (!test_receives() || !test_all(sends_)) {
+            if (!test_all(recvs_) || !test_all(sends_)) {
                 return false;
             }
             finish_step(s);
@@ -188,11 +188,8 @@ private:
         int peer = -1;
         bool checked = false;       ///< the call header travels first (fold, reduce-scatter)
         bool writes_output = false; ///< receives into the caller's output
-        /// The peer compared this rank's header before sending (the fold's way back):
-        /// its data can only be this call's result.
-        bool peer_checked = false;
-        bool copy_block = false; ///< first all-gather step: the own block to the output
-        bool sends = false;      ///< sends at all (a checked step: at least the header)
+        bool copy_block = false;    ///< first all-gather step: the own block to the output
+        bool sends = false;         ///< sends at all (a checked step: at least the header)
         const std::byte* send = nullptr;
         std::size_t send_elems = 0;
         std::byte* recv = nullptr;
@@ -231,7 +228,6 @@ private:
             take.peer = rank_ + 1;
             take.checked = true;
             take.writes_output = true;
-            take.peer_checked = true;
             take.recv = out;
             take.recv_bytes = count * es_;
             steps_.push_back(take);
@@ -339,25 +335,6 @@ private:
         return flag != 0;
     }
 
-    /// The step's receives: once a peer's call has been found to differ, a receive
-    /// posted ahead may end truncated or cancelled, which is then no error.
-    bool test_receives() {
-        if (!mismatched_step_) {
-            return test_all(recvs_);
-        }
-        bool all = true;
-        for (MPI_Request& r : recvs_) {
-            if (r != MPI_REQUEST_NULL) {
-                int flag = 0;
-                if (MPI_Test(&r, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-                    flag = 1; // completed, in error: its data is not used
-                }
-                all = all && flag != 0;
-            }
-        }
-        return all;
-    }
-
     void check(int rc, const char* what) const {
         if (rc != MPI_SUCCESS) {
             throw_mpi_error(rc, rank_, label_.str(), what);
@@ -381,8 +358,6 @@ private:
         recvs_.clear();
         sends_.clear();
         first_arrived_ = false;
-        mismatched_step_ = false;
-        posted_ahead_ = 0;
         if (!s.checked) { // all-gather: only when every call agreed (so never faulted here)
             if (faulted_) {
                 return;
@@ -400,18 +375,6 @@ private:
         }
         if (s.recv_bytes != no_recv) {
             irecv(recv_stage_->data(), mpi_first_message_bytes, s.peer, check_tag_);
-            // The rest of the peer's data is received straight where it goes, posted
-            // now so that it can arrive with the header rather than a round trip after
-            // it (a large message moves only once its receive is posted). Into the
-            // caller's output only from a peer that has checked this rank's call
-            // already: any other's header is still to say whether the calls agree.
-            constexpr std::size_t inline_room = mpi_first_message_bytes - mpi_header_bytes;
-            if (!faulted_ && (!s.writes_output || s.peer_checked) && s.recv_bytes > inline_room) {
-                for_each_segment(s.recv_bytes - inline_room, [&](std::size_t at, std::size_t len) {
-                    irecv(s.recv + inline_room + at, len, s.peer, rest_tag_);
-                    ++posted_ahead_;
-                });
-            }
         }
         if (s.sends) {
             const std::size_t data = faulted_ ? 0 : s.send_elems * es_;
@@ -487,33 +450,19 @@ private:
             if (inline_bytes != 0) {
                 std::memcpy(into, first + mpi_header_bytes, inline_bytes);
             }
-            if (posted_ahead_ == 0) { // else the same call cuts the rest alike
-                for_each_segment(rest, [&](std::size_t at, std::size_t len) {
-                    irecv(into + inline_bytes + at, len, s.peer, rest_tag_);
-                });
-            }
+            for_each_segment(rest, [&](std::size_t at, std::size_t len) {
+                irecv(into + inline_bytes + at, len, s.peer, rest_tag_);
+            });
             return;
         }
-        // The peer's messages go nowhere. The rest of them, if any, comes on the tag
-        // its algorithm sends it on: a Rabenseifner peer's into the receives posted
-        // ahead (cut short if larger) and a drain beyond them; another's into a drain.
-        // Receives posted ahead that no message will meet are cancelled.
-        mismatched_step_ = true;
-        const int tag =
-            theirs.faulted != 0 ? check_tag_ : mpi_rest_tag(theirs.algorithm, theirs.sequence);
-        const std::size_t taken = tag == rest_tag_ ? posted_ahead_ : 0;
-        std::size_t segments = 0;
-        for_each_segment(rest, [&](std::size_t, std::size_t) { ++segments; });
-        for (std::size_t k = tag == rest_tag_ ? segments : 0; k < posted_ahead_; ++k) {
-            MPI_Cancel(&recvs_[1 + k]);
-        }
-        if (segments > taken) {
+        // The peer's messages go nowhere: the rest of them, if any, into a drain of
+        // exactly the announced size, on the tag the peer's algorithm sends it on.
+        if (rest != 0) {
+            const int tag =
+                theirs.faulted != 0 ? check_tag_ : mpi_rest_tag(theirs.algorithm, theirs.sequence);
             drain_.resize(rest);
-            std::size_t k = 0;
             for_each_segment(rest, [&](std::size_t at, std::size_t len) {
-                if (k++ >= taken) {
-                    irecv(drain_.data() + at, len, s.peer, tag);
-                }
+                irecv(drain_.data() + at, len, s.peer, tag);
             });
         }
     }
@@ -557,8 +506,6 @@ private:
     std::vector<std::byte> drain_;
     bool first_arrived_ = false;
     bool received_data_ = false;
-    bool mismatched_step_ = false; ///< this step's peer sent what is not used
-    std::size_t posted_ahead_ = 0; ///< receives of the rest, posted with the header's
     bool faulted_ = false;
     mpi_call_fault fault_;
     std::vector<MPI_Request> recvs_, sends_;
