@@ -9,7 +9,8 @@
 /// (rabenseifner.hpp) carries the check in its own first steps. `mpi_rank_state`,
 /// which every request of a communicator points at, bounds each wait by the
 /// communicator's timeout, keeps the calls that timed out, and recycles operations
-/// so that a call allocates nothing once the communicator has warmed up.
+/// so that a handshake allocates nothing once the communicator has warmed up (the
+/// ring and Rabenseifner's algorithm build small step lists per call).
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/detail/validate.hpp"
