@@ -6,9 +6,8 @@
 /// and write it to every rank's output, reading the peers' buffers directly (one
 /// pass, no staging copy). The arithmetic is `host_reduce`'s (core/detail/
 /// host_reduce.hpp): combined in the accumulate type (float for f16/bf16), divided
-/// by `divisor` for an average, rounded once. The order is rank order; the host loop
-/// starts from the input that aliases the output instead, so with three or more
-/// ranks in place the two may differ in the last place.
+/// by `divisor` for an average, rounded once, in rank order as the host loop folds:
+/// the same inputs give the same bits on either (comm_options::deterministic).
 
 #include "unison/core/detail/host_reduce.hpp"
 #include "unison/core/dtype.hpp"

@@ -198,32 +198,27 @@ template <class T, class Fn>
 void reduce_typed(Fn fn, const void* const* inputs, int n, void* const* outputs, int m,
                   std::size_t count, int divisor, bool streaming) {
     static_assert(std::is_same_v<accumulate_t<T>, T>, "the 16-bit types go through reduce_16");
-    if (!streaming) {
+    // Every path folds in rank order, ((in0 op in1) op in2) ..., so that the same
+    // values give the same bits whoever reduces them (comm_options::deterministic).
+    T* out0 = static_cast<T*>(outputs[0]);
+    bool aliased = false; // the first output is an input other than the first
+    for (int r = 1; r < n; ++r) {
+        aliased = aliased || inputs[r] == out0;
+    }
+    if (!streaming && !aliased) {
         // Reduce straight into the first output, block by block, and copy the block
-        // to the other outputs while it is in L1. An output may alias one input
-        // element for element (in-place calls); that input is folded in first, so
-        // it is read before the output is written.
-        T* out0 = static_cast<T*>(outputs[0]);
-        int first = 0;
-        for (int r = 0; r < n; ++r) {
-            if (inputs[r] == out0) {
-                first = r;
-            }
-        }
-        const int second = first == 0 ? 1 : 0;
+        // to the other outputs while it is in L1. The first output may be the first
+        // input element for element (in place), which is read before it is written.
         for (std::size_t base = 0; base < count; base += reduce_block_elements) {
             const std::size_t len = std::min(reduce_block_elements, count - base);
-            const T* a = static_cast<const T*>(inputs[first]) + base;
+            const T* a = static_cast<const T*>(inputs[0]) + base;
             T* o = out0 + base;
             if (n >= 2) {
-                combine_elements(fn, a, static_cast<const T*>(inputs[second]) + base, o, len);
+                combine_elements(fn, a, static_cast<const T*>(inputs[1]) + base, o, len);
             } else if (o != a) {
                 std::memcpy(o, a, len * sizeof(T));
             }
-            for (int r = 0; r < n; ++r) {
-                if (r == first || r == second) {
-                    continue;
-                }
+            for (int r = 2; r < n; ++r) {
                 combine_elements(fn, static_cast<const T*>(o),
                                  static_cast<const T*>(inputs[r]) + base, o, len);
             }
@@ -239,7 +234,9 @@ void reduce_typed(Fn fn, const void* const* inputs, int n, void* const* outputs,
         }
         return;
     }
-    T acc[reduce_block_elements]; // streaming: reduce into L1, then stream out
+    // Streaming, or in place on an input other than the first (a reduce_scatter or
+    // a reduce whose rank is not 0): reduce into L1, then copy or stream out.
+    T acc[reduce_block_elements];
     for (std::size_t base = 0; base < count; base += reduce_block_elements) {
         const std::size_t len = std::min(reduce_block_elements, count - base);
         const T* in0 = static_cast<const T*>(inputs[0]) + base;
