@@ -28,10 +28,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-unison::mpi_communicator world(std::chrono::milliseconds timeout, bool check_matching) {
+unison::mpi_communicator world(std::chrono::milliseconds timeout, bool check_matching,
+                               bool deterministic = false) {
     unison::comm_options o;
     o.timeout = timeout;
     o.check_matching = check_matching;
+    o.deterministic = deterministic;
     return unison::mpi_communicator(MPI_COMM_WORLD, o);
 }
 
@@ -243,12 +245,15 @@ TEST_CASE("mpi: a rank that never joins is named with where it is, and the other
         MPI_Barrier(MPI_COMM_WORLD);
     }
 }
-TEST_CASE("mpi: a peer that stops mid-ring is named, and the others exit at once") {
-    // A process that stops (SIGSTOP: as if killed, but Open MPI's launcher would end
-    // the whole job on a death) after every rank passed the handshake of a large
-    // all-reduce, so unison's ring has the callers' buffers: the others time out
-    // naming it, their receives are cancelled (the buffers released) and they exit
-    // at once. (A posted MPI collective cannot be cancelled, and the error then says
+namespace {
+
+/// A process that stops (SIGSTOP: as if killed, but Open MPI's launcher would end
+/// the whole job on a death) after every rank passed the handshake of a large
+/// all-reduce, so unison's ring (or, `deterministic`, the rank-ordered exchange) has
+/// the callers' buffers: the others time out naming it, their receives are
+/// cancelled (the buffers released) and they exit at once.
+void peer_stops_mid_call(bool deterministic) {
+    // (A posted MPI collective cannot be cancelled, and the error then says
     // MPI still holds the buffers; that path is not tested here: over shared memory
     // Open MPI copies a stopped process's data without it, so its all-gathers
     // complete.)
@@ -268,7 +273,7 @@ TEST_CASE("mpi: a peer that stops mid-ring is named, and the others exit at once
         static std::vector<float> data;
         data = values(me, std::size_t{16} << 20); // 64 MiB: a ring that takes a while
         std::optional<unison::mpi_communicator> comm;
-        comm.emplace(world(timeout, false));
+        comm.emplace(world(timeout, false, deterministic));
         if (me == stopper) {
             auto request = unison::all_reduce_async(*comm, data);
             // Drive it through the handshake into the ring, then stop.
@@ -297,7 +302,7 @@ TEST_CASE("mpi: a peer that stops mid-ring is named, and the others exit at once
             CHECK(what.find("all_reduce #0: not complete after 1000 ms") != std::string::npos);
             CHECK(what.find("rank " + std::to_string(stopper) + " did not answer") !=
                   std::string::npos);
-            // the ring's receives were cancelled: the buffers are free again
+            // the receives were cancelled: the buffers are free again
             CHECK(what.find("MPI still holds") == std::string::npos);
             CHECK(waited < timeout + 1s);
             const auto before_exit = std::chrono::steady_clock::now();
@@ -313,6 +318,16 @@ TEST_CASE("mpi: a peer that stops mid-ring is named, and the others exit at once
         comm.reset();
         MPI_Barrier(MPI_COMM_WORLD);
     }
+}
+
+} // namespace
+
+TEST_CASE("mpi: a peer that stops mid-ring is named, and the others exit at once") {
+    peer_stops_mid_call(false);
+}
+
+TEST_CASE("mpi: a peer that stops mid-call of a deterministic all-reduce is named likewise") {
+    peer_stops_mid_call(true);
 }
 
 TEST_CASE("mpi: a rank that skips a call in a stepped loop is caught at its next call") {

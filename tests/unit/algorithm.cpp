@@ -92,3 +92,37 @@ TEST_CASE("mpi tuning: a forced algorithm wins over the tuning, but not for one 
               algorithm::recursive_doubling);
     }
 }
+
+TEST_CASE("deterministic: UNISON_DETERMINISTIC turns it on, and MPI then runs rank_ordered") {
+    using unison::algorithm;
+    ::setenv("UNISON_DETERMINISTIC", "1", 1);
+    CHECK(unison::comm_options::from_env().deterministic);
+    ::setenv("UNISON_DETERMINISTIC", "off", 1);
+    CHECK_FALSE(unison::comm_options::from_env().deterministic);
+    ::unsetenv("UNISON_DETERMINISTIC");
+    CHECK_FALSE(unison::comm_options::from_env().deterministic);
+
+    unison::comm_options o;
+    CHECK(unison::mpi_forced_algorithm(o) == algorithm::automatic);
+    o.deterministic = true;
+    CHECK(unison::mpi_forced_algorithm(o) == algorithm::rank_ordered);
+    o.all_reduce_algorithm = algorithm::rank_ordered;
+    CHECK(unison::mpi_forced_algorithm(o) == algorithm::rank_ordered);
+    // The tuning never picks rank_ordered by itself: it is the option's, not a size's.
+    for (std::size_t bytes = 1; bytes <= (std::size_t{1} << 32); bytes *= 4) {
+        CHECK(unison::mpi_tuning::all_reduce(bytes, 16, false) != algorithm::rank_ordered);
+    }
+    for (algorithm other : {algorithm::recursive_doubling, algorithm::rabenseifner, algorithm::ring,
+                            algorithm::native}) {
+        o.all_reduce_algorithm = other;
+        std::string message;
+        try {
+            (void)unison::mpi_forced_algorithm(o);
+        } catch (const unison::argument_error& e) {
+            message = e.what();
+        }
+        CAPTURE(unison::to_string(other));
+        CHECK(message.find(std::string(unison::to_string(other))) != std::string::npos);
+        CHECK(message.find("deterministic") != std::string::npos);
+    }
+}

@@ -20,11 +20,16 @@ enum class algorithm : unsigned char {
     rabenseifner,       ///< recursive halving then doubling: 2 log2(n) a + 2 m b (n-1)/n
     ring,               ///< reduce-scatter and all-gather around a ring: 2 (n-1) (a + m b / n)
     native,             ///< the underlying library's own call (MPI_Iallreduce), after the checks
+    /// every rank's block sent to the rank that owns it, folded there in rank order,
+    /// then all-gathered: 2 (n-1) messages posted at once, 2 (n-1) (a + m b / n) at
+    /// worst. The all-reduce of comm_options::deterministic: the same bits whatever
+    /// the size, the bucketing or the backend.
+    rank_ordered,
 };
 
-inline constexpr std::array<algorithm, 5> all_algorithms = {
+inline constexpr std::array<algorithm, 6> all_algorithms = {
     algorithm::automatic, algorithm::recursive_doubling, algorithm::rabenseifner, algorithm::ring,
-    algorithm::native};
+    algorithm::native,    algorithm::rank_ordered};
 
 /// The algorithm's name, as UNISON_ALGORITHM and the benchmarks spell it.
 constexpr std::string_view to_string(algorithm a) noexcept {
@@ -39,6 +44,8 @@ constexpr std::string_view to_string(algorithm a) noexcept {
         return "ring";
     case algorithm::native:
         return "native";
+    case algorithm::rank_ordered:
+        return "rank_ordered";
     }
     return "?";
 }

@@ -27,10 +27,22 @@ struct comm_options {
     /// the "algorithm" field). The thread and NCCL backends have one algorithm each
     /// (NCCL chooses its own; NCCL_ALGO steers it) and ignore this.
     algorithm all_reduce_algorithm = algorithm::automatic;
+    /// Deterministic reductions: every all_reduce, reduce and reduce_scatter folds
+    /// each element over the ranks in rank order, ((x0 op x1) op x2) ..., in the
+    /// accumulate type (float for f16/bf16), and rounds once, so that the same
+    /// inputs give the same bits whatever the call's size, the bucketing of a
+    /// model's gradients, the rank count's algorithm or the backend (threads, on
+    /// host or device memory, and MPI). The thread backend always reduces so; MPI
+    /// then runs its rank_ordered schedule (mpi/detail/rank_ordered.hpp; its cost is
+    /// in docs/performance.md) and refuses a forced all_reduce_algorithm other than
+    /// rank_ordered; NCCL, whose order is its own, refuses this option. Every rank
+    /// must pass the same (MPI's handshake compares it).
+    bool deterministic = false;
 
     /// Defaults, overridden by the environment: UNISON_TIMEOUT (seconds, may be
-    /// fractional), UNISON_DEBUG=1 (turns on check_matching) and UNISON_ALGORITHM
-    /// (an algorithm's name, see algorithm.hpp; an unknown name is an argument_error).
+    /// fractional), UNISON_DEBUG=1 (turns on check_matching), UNISON_ALGORITHM
+    /// (an algorithm's name, see algorithm.hpp; an unknown name is an argument_error)
+    /// and UNISON_DETERMINISTIC=1 (turns on deterministic).
     static comm_options from_env() {
         comm_options o;
         if (const char* t = std::getenv("UNISON_TIMEOUT"); t != nullptr && *t != '\0') {
@@ -41,8 +53,10 @@ struct comm_options {
             }
         }
         if (const char* d = std::getenv("UNISON_DEBUG"); d != nullptr) {
-            const std::string_view v(d);
-            o.check_matching = !(v.empty() || v == "0" || v == "false" || v == "off");
+            o.check_matching = on(d);
+        }
+        if (const char* d = std::getenv("UNISON_DETERMINISTIC"); d != nullptr) {
+            o.deterministic = on(d);
         }
         if (const char* a = std::getenv("UNISON_ALGORITHM"); a != nullptr && *a != '\0') {
             const auto named = algorithm_from_string(a);
@@ -57,6 +71,12 @@ struct comm_options {
             o.all_reduce_algorithm = *named;
         }
         return o;
+    }
+
+private:
+    /// A switch variable: on unless empty, "0", "false" or "off".
+    static bool on(std::string_view v) noexcept {
+        return !(v.empty() || v == "0" || v == "false" || v == "off");
     }
 };
 

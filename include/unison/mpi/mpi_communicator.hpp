@@ -11,6 +11,8 @@
 /// small buffers, Rabenseifner's with the check riding its first steps, or a ring
 /// (Open MPI 4.1's MPI_Iallreduce is markedly slower than its blocking MPI_Allreduce
 /// at a megabyte and up; the ring matches the latter); `native` runs MPI_Iallreduce.
+/// With comm_options::deterministic, all_reduce, reduce and reduce_scatter run the
+/// rank-ordered schedule (mpi/detail/rank_ordered.hpp) instead.
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/communicator.hpp"
@@ -88,6 +90,7 @@ public:
 
     /// Duplicates `comm`; MPI must be initialized (see mpi_environment).
     explicit mpi_communicator(MPI_Comm comm, comm_options options = comm_options::from_env()) {
+        (void)mpi_forced_algorithm(options); // refuses contradictory options before any MPI call
         MPI_Comm dup = MPI_COMM_NULL;
         UNISON_CHECK_MPI(MPI_Comm_dup(comm, &dup), -1, "mpi_communicator");
         state_ = std::make_unique<detail::mpi_rank_state>(dup, options);
@@ -102,10 +105,10 @@ public:
     /// the tuning (mpi/tuning.hpp) tells apart from several nodes.
     bool one_node() const noexcept { return state_->one_node; }
     /// The algorithm an all-reduce of `bytes` runs on this communicator: the forced
-    /// one (options().all_reduce_algorithm) or the tuning's choice.
+    /// one (options().all_reduce_algorithm; rank_ordered when options().deterministic)
+    /// or the tuning's choice.
     algorithm all_reduce_algorithm(std::size_t bytes) const noexcept {
-        return mpi_all_reduce_algorithm(state_->options.all_reduce_algorithm, bytes, state_->size,
-                                        state_->one_node);
+        return mpi_all_reduce_algorithm(state_->forced, bytes, state_->size, state_->one_node);
     }
 
     /// Runs `call` to completion.

@@ -19,12 +19,18 @@
 ///   buffer each, sent straight from and into the caller's tensors: no scratch
 ///   beyond one chunk and no fold, for large buffers on two or three ranks of one
 ///   node and on rank counts that are not a power of two;
-/// - native: after the check, MPI's own MPI_Iallreduce.
+/// - native: after the check, MPI's own MPI_Iallreduce;
+/// - rank_ordered (rank_ordered.hpp): after the check, each block reduced by its
+///   owner in rank order, then all-gathered; never picked by size, it is what
+///   comm_options::deterministic runs (and its reduce and reduce_scatter too).
 
 #include "unison/comm/algorithm.hpp"
+#include "unison/comm/options.hpp"
+#include "unison/core/error.hpp"
 
 #include <bit>
 #include <cstddef>
+#include <string>
 
 namespace unison::mpi_tuning {
 
@@ -80,6 +86,24 @@ inline constexpr std::size_t odd_rabenseifner_min_bytes = 64 * 1024;
 /// that their number costs less than the fold).
 inline constexpr std::size_t ring_min_bytes_per_rank = 512 * 1024;
 
+// ---- Deterministic reductions (comm_options::deterministic; rank_ordered.hpp),
+// measured in simulation the same way: two phases (each block to its owner, then
+// the reduced blocks to every rank) cost two exchanges after the check; one phase
+// (every rank's whole input to every rank) costs one, but (n - 1) times the input
+// from every rank, which pays off while that is about what a link carries in a
+// message's latency.
+
+/// An all-reduce or reduce in rank order whose every rank would send at most this
+/// many bytes in one phase ((n - 1) times its input) takes one phase.
+inline constexpr std::size_t rank_ordered_direct_max_bytes = 64 * 1024;
+
+/// Whether a rank-ordered all-reduce or reduce of `bytes` over `ranks` ranks takes
+/// one phase.
+constexpr bool rank_ordered_direct(std::size_t bytes, int ranks) noexcept {
+    return ranks <= 1 ||
+           bytes <= rank_ordered_direct_max_bytes / static_cast<std::size_t>(ranks - 1);
+}
+
 static_assert(many_ranks_rabenseifner_min_bytes <= some_ranks_rabenseifner_min_bytes &&
                   some_ranks_rabenseifner_min_bytes <= few_ranks_rabenseifner_min_bytes,
               "the more ranks, the sooner recursive doubling's log2(n) whole-buffer "
@@ -128,6 +152,24 @@ constexpr algorithm all_reduce(std::size_t bytes, int ranks, bool one_node) noex
 } // namespace unison::mpi_tuning
 
 namespace unison {
+
+/// The all-reduce algorithm that `o` forces on the MPI backend (automatic: none):
+/// rank_ordered when o.deterministic. Throws argument_error when o.deterministic and
+/// o.all_reduce_algorithm name different orders.
+inline algorithm mpi_forced_algorithm(const comm_options& o) {
+    if (!o.deterministic) {
+        return o.all_reduce_algorithm;
+    }
+    if (o.all_reduce_algorithm != algorithm::automatic &&
+        o.all_reduce_algorithm != algorithm::rank_ordered) {
+        throw argument_error(-1, "mpi_communicator",
+                             "comm_options::deterministic (UNISON_DETERMINISTIC) sums in rank "
+                             "order, which the forced all-reduce algorithm " +
+                                 std::string(to_string(o.all_reduce_algorithm)) +
+                                 " does not; force rank_ordered or automatic, or drop one");
+    }
+    return algorithm::rank_ordered;
+}
 
 /// The algorithm the MPI backend runs for an all-reduce of `bytes` over `ranks`
 /// ranks (`one_node`: all of them sharing memory), `forced` being

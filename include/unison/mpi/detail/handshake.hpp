@@ -191,8 +191,9 @@ inline bool replaces(bool faulted, const mpi_call_fault& kept,
                              "algorithm differs: rank " + std::to_string(ref) + " runs " +
                                  name(f.ref_algorithm) + " but rank " + std::to_string(other) +
                                  " runs " + name(f.other_algorithm) +
-                                 " (comm_options::all_reduce_algorithm or UNISON_ALGORITHM must "
-                                 "be the same on every rank)",
+                                 " (comm_options::all_reduce_algorithm or UNISON_ALGORITHM, and "
+                                 "comm_options::deterministic or UNISON_DETERMINISTIC, must be "
+                                 "the same on every rank)",
                              other, "algorithm");
     }
     throw mismatch_error(rank, label,

@@ -24,6 +24,7 @@
 #include "unison/mpi/detail/mpi_check.hpp"
 #include "unison/mpi/detail/peer_channel.hpp"
 #include "unison/mpi/detail/rabenseifner.hpp"
+#include "unison/mpi/detail/rank_ordered.hpp"
 #include "unison/mpi/detail/ring_allreduce.hpp"
 #include "unison/mpi/tuning.hpp"
 
@@ -51,7 +52,8 @@ class mpi_operation;
 class mpi_rank_state {
 public:
     /// Collective over `comm` (the side channel duplicates it).
-    mpi_rank_state(MPI_Comm comm, comm_options o) : comm(comm), options(o), peers_(comm) {
+    mpi_rank_state(MPI_Comm comm, comm_options o)
+        : comm(comm), options(o), forced(mpi_forced_algorithm(o)), peers_(comm) {
         MPI_Comm_rank(comm, &rank);
         MPI_Comm_size(comm, &size);
         MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -147,6 +149,7 @@ public:
     int size = 1;
     bool one_node = false; ///< every rank on one node (shared memory)
     comm_options options;
+    algorithm forced; ///< the all-reduce algorithm options force (mpi_forced_algorithm)
     mpi_half_ops half_ops;
     std::uint64_t sequence = 0;
     std::uint64_t p2p_sequence = 0;
@@ -201,6 +204,7 @@ public:
         phase_ = phase::posted;
         ring_.reset();
         rab_.reset();
+        ordered_fold_.reset();
         state_.give_scratch(std::move(scratch_));
         scratch_ = {};
         state_.give_scratch(std::move(stage_));
@@ -220,11 +224,15 @@ public:
         if (rab_) {
             return rab_->waiting_for();
         }
+        if (ordered_fold_) {
+            return ordered_fold_->waiting_for();
+        }
         return ring_ ? ring_->previous() : -1;
     }
     /// True when none of its requests is in MPI's hands.
     bool idle() const noexcept {
-        return handshake_.idle() && active_ == 0 && !ring_ && (!rab_ || rab_->idle());
+        return handshake_.idle() && active_ == 0 && !ring_ && (!rab_ || rab_->idle()) &&
+               (!ordered_fold_ || ordered_fold_->idle());
     }
     /// True while only staging buffers (never the user's) are in MPI's hands.
     bool in_handshake() const noexcept { return phase_ == phase::handshake; }
@@ -246,6 +254,9 @@ public:
         }
         if (rab_) {
             return rab_->cancel(budget);
+        }
+        if (ordered_fold_) {
+            return ordered_fold_->cancel(budget);
         }
         if (active_ == 0) {
             return true;
@@ -286,18 +297,24 @@ public:
             return;
         }
         const bool reduces = c.op == operation::all_reduce;
-        algorithm_ = reduces ? mpi_all_reduce_algorithm(state_.options.all_reduce_algorithm,
-                                                        c.count * size_of(c.type), state_.size,
-                                                        state_.one_node)
-                             : algorithm::automatic;
+        const bool folds = c.op == operation::reduce || c.op == operation::reduce_scatter;
+        if (reduces) {
+            algorithm_ = mpi_all_reduce_algorithm(state_.forced, c.count * size_of(c.type),
+                                                  state_.size, state_.one_node);
+        } else if (folds && state_.options.deterministic && state_.size > 1) {
+            algorithm_ = algorithm::rank_ordered; // announced in the header, as all-reduces'
+        } else {
+            algorithm_ = algorithm::automatic;
+        }
         fused_ = reduces && algorithm_ == algorithm::recursive_doubling;
         if (!c.pieces.empty()) {
             stage_pieces(algorithm_ != algorithm::ring);
         }
         const int handshake_tag = mpi_tag(mpi_handshake_tag_base, mpi_handshake_tags, sequence_);
-        // Every collective but the barrier (which the handshake is) and an all-reduce
-        // of our own algorithms (matched by tag) posts an MPI collective, in issue order.
-        ordered_ = c.op != operation::barrier && !(reduces && algorithm_ != algorithm::native);
+        // Every collective but the barrier (which the handshake is) and the calls that
+        // run our own algorithms (matched by tag) posts an MPI collective, in issue order.
+        ordered_ = c.op != operation::barrier &&
+                   (algorithm_ == algorithm::automatic || algorithm_ == algorithm::native);
         if (algorithm_ == algorithm::rabenseifner) { // checks as it goes: no handshake
             rab_.emplace(state_.comm, state_.rank, state_.size, call_, sequence_, label_);
             scratch_ = state_.take_scratch(rab_->scratch_bytes());
@@ -385,6 +402,8 @@ private:
                               std::span<const mpi_ring_extent>(extents_));
                 scratch_ = state_.take_scratch(ring_->scratch_bytes());
                 ring_->start(scratch_.data());
+            } else if (algorithm_ == algorithm::rank_ordered) {
+                start_ordered_fold();
             } else {
                 post(MPI_Iallreduce(c.send == c.recv ? MPI_IN_PLACE : c.send, c.recv,
                                     int_count(c.count), t, reduction(), comm, next_request()),
@@ -393,6 +412,10 @@ private:
             }
             return;
         case operation::reduce_scatter: {
+            if (algorithm_ == algorithm::rank_ordered) {
+                start_ordered_fold();
+                return;
+            }
             const void* in = c.send;
             void* out = c.recv;
             if (static_cast<const std::byte*>(c.recv) ==
@@ -447,6 +470,10 @@ private:
                  "MPI_Ibcast");
             return;
         case operation::reduce: {
+            if (algorithm_ == algorithm::rank_ordered) {
+                start_ordered_fold();
+                return;
+            }
             const bool root = state_.rank == c.root;
             const void* in = root && c.send == c.recv ? MPI_IN_PLACE : c.send;
             post(MPI_Ireduce(in, c.recv, int_count(c.count), t, reduction(), c.root, comm,
@@ -471,6 +498,15 @@ private:
         case operation::barrier: // the handshake was one
             return;
         }
+    }
+
+    /// Posts the first phase of a rank-ordered (deterministic) reduction.
+    void start_ordered_fold() {
+        ordered_fold_.emplace(
+            state_.comm, state_.rank, state_.size, call_, sequence_, label_,
+            mpi_tuning::rank_ordered_direct(call_.count * size_of(call_.type), state_.size));
+        scratch_ = state_.take_scratch(ordered_fold_->scratch_bytes());
+        ordered_fold_->start(scratch_.data());
     }
 
 public:
@@ -530,6 +566,10 @@ private:
         }
         if (ring_) {
             if (!ring_->progress()) {
+                return;
+            }
+        } else if (ordered_fold_) {
+            if (!ordered_fold_->progress()) {
                 return;
             }
         } else {
@@ -616,8 +656,9 @@ private:
     bool done_ = false;
     bool divide_ = false;
     bool copy_back_ = false;
-    std::optional<mpi_ring_allreduce> ring_; ///< all-reduces by the ring only
-    std::optional<mpi_rabenseifner> rab_;    ///< all-reduces by Rabenseifner only
+    std::optional<mpi_ring_allreduce> ring_;       ///< all-reduces by the ring only
+    std::optional<mpi_rabenseifner> rab_;          ///< all-reduces by Rabenseifner only
+    std::optional<mpi_rank_ordered> ordered_fold_; ///< deterministic reductions only
     std::vector<std::byte> scratch_;
     std::vector<std::byte> stage_;         ///< coalesced: the pieces copied, see stage_pieces
     bool stage_all_ = false;               ///< coalesced: every piece staged (a small call)
