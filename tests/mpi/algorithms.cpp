@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -45,8 +46,9 @@ unison::mpi_communicator forced(unison::algorithm a) {
 }
 
 constexpr unison::algorithm forced_algorithms[] = {
-    unison::algorithm::automatic, unison::algorithm::recursive_doubling,
-    unison::algorithm::rabenseifner, unison::algorithm::ring, unison::algorithm::native};
+    unison::algorithm::automatic,    unison::algorithm::recursive_doubling,
+    unison::algorithm::rabenseifner, unison::algorithm::ring,
+    unison::algorithm::native,       unison::algorithm::rank_ordered};
 
 template <class T>
 void check_algorithm(unison::algorithm a) {
@@ -88,6 +90,53 @@ void check_algorithm(unison::algorithm a) {
 }
 
 } // namespace
+
+TEST_CASE("mpi reduce_scatter: both algorithms give the serial result") {
+    // rank_ordered (the tuning's choice on one node) and native (MPI's own), forced.
+    for (unison::algorithm a : {unison::algorithm::automatic, unison::algorithm::rank_ordered,
+                                unison::algorithm::native}) {
+        CAPTURE(unison::to_string(a));
+        auto comm = forced(a);
+        const int rank = comm.rank(), n = comm.size();
+        const auto per = [&](std::size_t count) { return count * static_cast<std::size_t>(n); };
+        CHECK(comm.reduce_scatter_algorithm(per(1000) * sizeof(float)) ==
+              (n == 1                              ? unison::algorithm::native
+               : a != unison::algorithm::automatic ? a
+               : comm.one_node()                   ? unison::algorithm::rank_ordered
+                                                   : unison::algorithm::native));
+        std::uint64_t seed = 500;
+        for (std::size_t count :
+             {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{70001}}) {
+            for (unison::reduce_op op : {unison::reduce_op::sum, unison::reduce_op::avg}) {
+                for (bool in_place : {false, true}) {
+                    ++seed;
+                    CAPTURE(count);
+                    CAPTURE(in_place);
+                    std::vector<float> in(per(count));
+                    for (std::size_t i = 0; i < in.size(); ++i) {
+                        in[i] = static_cast<float>(value(rank, i, seed));
+                    }
+                    std::vector<float> out(count, -7777.0f);
+                    if (in_place) {
+                        unison::reduce_scatter(comm, in, op);
+                        std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(count * rank), count,
+                                    out.begin());
+                    } else {
+                        unison::reduce_scatter(comm, in, out, op);
+                    }
+                    std::size_t wrong = 0;
+                    for (std::size_t k = 0; k < count; ++k) {
+                        const double expect =
+                            reference(op, n, count * static_cast<std::size_t>(rank) + k, seed);
+                        const double tolerance = op == unison::reduce_op::avg ? 1e-6 * 125 : 0.0;
+                        wrong += std::abs(static_cast<double>(out[k]) - expect) > tolerance ? 1 : 0;
+                    }
+                    CHECK(wrong == 0);
+                }
+            }
+        }
+    }
+}
 
 TEST_CASE("mpi all-reduce: every algorithm gives the serial result") {
     for (unison::algorithm a : forced_algorithms) {

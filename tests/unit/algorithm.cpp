@@ -126,3 +126,23 @@ TEST_CASE("deterministic: UNISON_DETERMINISTIC turns it on, and MPI then runs ra
         CHECK(message.find("deterministic") != std::string::npos);
     }
 }
+
+TEST_CASE("mpi tuning: the reduce_scatter runs the direct exchange on one node, MPI's own over "
+          "several, either when forced") {
+    using unison::algorithm;
+    for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20, std::size_t{1} << 30}) {
+        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::automatic, bytes, 4, true) ==
+              algorithm::rank_ordered);
+        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::automatic, bytes, 64, false) ==
+              algorithm::native);
+        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::native, bytes, 4, true) ==
+              algorithm::native);
+        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::rank_ordered, bytes, 64, false) ==
+              algorithm::rank_ordered);
+        // The all-reduce's own algorithms leave the reduce_scatter to the tuning.
+        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::ring, bytes, 4, true) ==
+              algorithm::rank_ordered);
+        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::rank_ordered, bytes, 1, true) ==
+              algorithm::native);
+    }
+}

@@ -22,7 +22,8 @@ struct comm_options {
     /// collective.
     bool check_matching = false;
     /// The MPI backend's all-reduce algorithm: `automatic` lets its tuning choose by
-    /// size and rank count (mpi/tuning.hpp); any other forces that one on every call.
+    /// size and rank count (mpi/tuning.hpp); any other forces that one on every call
+    /// (`native` and `rank_ordered` force the reduce_scatter's too).
     /// Every rank must pass the same: the handshake compares it (a `mismatch_error` on
     /// the "algorithm" field). The thread and NCCL backends have one algorithm each
     /// (NCCL chooses its own; NCCL_ALGO steers it) and ignore this.

@@ -12,7 +12,8 @@
 /// (Open MPI 4.1's MPI_Iallreduce is markedly slower than its blocking MPI_Allreduce
 /// at a megabyte and up; the ring matches the latter); `native` runs MPI_Iallreduce.
 /// With comm_options::deterministic, all_reduce, reduce and reduce_scatter run the
-/// rank-ordered schedule (mpi/detail/rank_ordered.hpp) instead.
+/// rank-ordered schedule (mpi/detail/rank_ordered.hpp) instead; a reduce_scatter on
+/// one node runs it anyway (faster than Open MPI's own there).
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/communicator.hpp"
@@ -109,6 +110,13 @@ public:
     /// or the tuning's choice.
     algorithm all_reduce_algorithm(std::size_t bytes) const noexcept {
         return mpi_all_reduce_algorithm(state_->forced, bytes, state_->size, state_->one_node);
+    }
+
+    /// The algorithm a reduce_scatter of `bytes` in all (count times the ranks) runs
+    /// on this communicator: rank_ordered or native (MPI's own), forced like the
+    /// all-reduce's or the tuning's choice (rank_ordered on one node).
+    algorithm reduce_scatter_algorithm(std::size_t bytes) const noexcept {
+        return mpi_reduce_scatter_algorithm(state_->forced, bytes, state_->size, state_->one_node);
     }
 
     /// Runs `call` to completion.

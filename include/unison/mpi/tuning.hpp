@@ -22,7 +22,8 @@
 /// - native: after the check, MPI's own MPI_Iallreduce;
 /// - rank_ordered (rank_ordered.hpp): after the check, each block reduced by its
 ///   owner in rank order, then all-gathered; never picked by size, it is what
-///   comm_options::deterministic runs (and its reduce and reduce_scatter too).
+///   comm_options::deterministic runs (and its reduce and reduce_scatter too), and
+///   the reduce_scatter's on one node (mpi_tuning::reduce_scatter).
 
 #include "unison/comm/algorithm.hpp"
 #include "unison/comm/options.hpp"
@@ -104,6 +105,23 @@ constexpr bool rank_ordered_direct(std::size_t bytes, int ranks) noexcept {
            bytes <= rank_ordered_direct_max_bytes / static_cast<std::size_t>(ranks - 1);
 }
 
+// ---- reduce_scatter, measured for real: Open MPI 4.1 over shared memory at 2 and
+// 4 processes (docs/performance.md, "Deterministic reductions"). The direct
+// exchange of rank_ordered.hpp (each block straight to its owner, folded there)
+// took 0.5-0.6x the time of the handshake and MPI_Ireduce_scatter_block at 4 KiB to
+// 32 KiB and 0.2-0.5x from 256 KiB, and 0.18-0.6x that of the blocking
+// MPI_Reduce_scatter_block from 256 KiB. Over several nodes it is not measured
+// (the all-reduce's direct exchange moved 8x the bytes of Rabenseifner's through
+// the shared NIC of simulated 8-rank nodes): MPI's own there.
+
+/// The algorithm that carries a reduce_scatter of `bytes` in all (the input: count
+/// times the ranks) over `ranks` ranks: rank_ordered (the direct exchange) on one
+/// node, MPI's own (native) over several.
+constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, bool one_node) noexcept {
+    (void)bytes;
+    return one_node && ranks > 1 ? algorithm::rank_ordered : algorithm::native;
+}
+
 static_assert(many_ranks_rabenseifner_min_bytes <= some_ranks_rabenseifner_min_bytes &&
                   some_ranks_rabenseifner_min_bytes <= few_ranks_rabenseifner_min_bytes,
               "the more ranks, the sooner recursive doubling's log2(n) whole-buffer "
@@ -169,6 +187,20 @@ inline algorithm mpi_forced_algorithm(const comm_options& o) {
                                  " does not; force rank_ordered or automatic, or drop one");
     }
     return algorithm::rank_ordered;
+}
+
+/// The algorithm the MPI backend's reduce_scatter of `bytes` in all runs over
+/// `ranks` ranks, `forced` being mpi_forced_algorithm's: the reduce_scatter has two,
+/// rank_ordered and native, and takes either when forced (so when deterministic);
+/// otherwise the tuning's choice.
+constexpr algorithm mpi_reduce_scatter_algorithm(algorithm forced, std::size_t bytes, int ranks,
+                                                 bool one_node) noexcept {
+    if (ranks <= 1) {
+        return algorithm::native;
+    }
+    return forced == algorithm::rank_ordered || forced == algorithm::native
+               ? forced
+               : mpi_tuning::reduce_scatter(bytes, ranks, one_node);
 }
 
 /// The algorithm the MPI backend runs for an all-reduce of `bytes` over `ranks`

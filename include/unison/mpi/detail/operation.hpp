@@ -297,12 +297,15 @@ public:
             return;
         }
         const bool reduces = c.op == operation::all_reduce;
-        const bool folds = c.op == operation::reduce || c.op == operation::reduce_scatter;
         if (reduces) {
             algorithm_ = mpi_all_reduce_algorithm(state_.forced, c.count * size_of(c.type),
                                                   state_.size, state_.one_node);
-        } else if (folds && state_.options.deterministic && state_.size > 1) {
-            algorithm_ = algorithm::rank_ordered; // announced in the header, as all-reduces'
+        } else if (c.op == operation::reduce_scatter) { // announced in the header too
+            algorithm_ = mpi_reduce_scatter_algorithm(
+                state_.forced, c.count * size_of(c.type) * static_cast<std::size_t>(state_.size),
+                state_.size, state_.one_node);
+        } else if (c.op == operation::reduce && state_.options.deterministic && state_.size > 1) {
+            algorithm_ = algorithm::rank_ordered;
         } else {
             algorithm_ = algorithm::automatic;
         }
