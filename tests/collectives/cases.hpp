@@ -15,6 +15,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <numeric>
 #include <string>
 #include <type_traits>
@@ -547,6 +549,50 @@ void argument_error_cases(C& comm) {
     CHECK(message([&] {
               all_reduce(comm, buffer{a.data(), 10, dtype::f32, device::cuda(0)});
           }).find("cuda:0") != std::string::npos);
+    // Counts no buffer can have (from a negative or wrapped-around computation) are
+    // refused before anything moves, whether the count itself or the count times
+    // the ranks is too large for one object.
+    const auto refused = [&](auto&& fn) {
+        const std::string m = message(fn);
+        return m.find("than any object can hold") != std::string::npos;
+    };
+    const std::size_t most = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(float);
+    for (const std::size_t count :
+         {SIZE_MAX, std::size_t{1} << 61, std::size_t{1} << 62, std::size_t{1} << 63,
+          static_cast<std::size_t>(-1024), most + 1}) {
+        CAPTURE(count);
+        buffer huge{a.data(), count, dtype::f32};
+        const const_buffer in_huge{a.data(), count, dtype::f32};
+        buffer out_ok{b.data(), b.size(), dtype::f32};
+        CHECK(refused([&] { all_reduce(comm, huge); }));
+        CHECK(refused([&] { all_reduce(comm, in_huge, out_ok); }));
+        CHECK(refused([&] { reduce_scatter(comm, huge); }));
+        CHECK(refused([&] { all_gather(comm, huge); }));
+        CHECK(refused([&] { all_gather(comm, in_huge, out_ok); }));
+        CHECK(refused([&] { broadcast(comm, huge, 0); }));
+        CHECK(refused([&] { reduce(comm, huge, 0); }));
+        const std::vector<std::size_t> counts(static_cast<std::size_t>(n), count);
+        CHECK(refused([&] { all_gatherv(comm, in_huge, out_ok, counts); }));
+        if (n > 1) {
+            CHECK(refused([&] { send(comm, huge, (comm.rank() + 1) % n); }));
+        }
+    }
+    if (n > 1) { // each count fits, the count times the ranks does not
+        const std::size_t half = most / 2 + 1;
+        CHECK(refused([&] {
+            all_gather(comm, const_buffer{a.data(), half, dtype::f32},
+                       buffer{b.data(), b.size(), dtype::f32});
+        }));
+        CHECK(refused([&] {
+            reduce_scatter(comm, const_buffer{a.data(), a.size(), dtype::f32},
+                           buffer{b.data(), half, dtype::f32});
+        }));
+        const std::vector<std::size_t> halves(static_cast<std::size_t>(n), half);
+        CHECK(refused([&] {
+            all_gatherv(comm, const_buffer{a.data(), half, dtype::f32},
+                        buffer{b.data(), b.size(), dtype::f32}, halves);
+        }));
+    }
     // still usable, and still in step across ranks
     std::vector<float> ok(5, 2.0f);
     all_reduce(comm, ok);

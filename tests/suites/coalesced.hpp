@@ -191,6 +191,15 @@ TEST_CASE_TEMPLATE_DEFINE("all_reduce_coalesced refuses overlapping pieces and m
         CHECK_THROWS_WITH_AS(all_reduce_coalesced(comm, std::span<const buffer>(mixed)),
                              doctest::Contains("tensor 1 is double and tensor 0 float"),
                              argument_error);
+        // A tensor, or the tensors together, larger than any object can be.
+        const std::size_t most = static_cast<std::size_t>(PTRDIFF_MAX) / sizeof(float);
+        const std::vector<buffer> huge{buffer{a.data(), SIZE_MAX, dtype::f32}};
+        CHECK_THROWS_WITH_AS(all_reduce_coalesced(comm, std::span<const buffer>(huge)),
+                             doctest::Contains("than any object can hold"), argument_error);
+        const std::vector<buffer> halves{buffer{a.data(), most / 2 + 1, dtype::f32},
+                                         buffer{d.data(), most / 2 + 1, dtype::f32}};
+        CHECK_THROWS_WITH_AS(all_reduce_coalesced(comm, std::span<const buffer>(halves)),
+                             doctest::Contains("than any object can hold"), argument_error);
         const std::vector<buffer> fine{buffer{a.data(), 50, dtype::f32},
                                        buffer{a.data() + 50, 50, dtype::f32}};
         all_reduce_coalesced(comm, std::span<const buffer>(fine));

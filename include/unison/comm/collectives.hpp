@@ -41,6 +41,7 @@ call_site site(const C& comm, operation op) {
 /// `buffer` for block `index` of `blocks` equal blocks of `whole`, for the in-place
 /// forms of reduce_scatter and all_gather.
 inline buffer block_of(const call_site& site, const buffer& whole) {
+    check_size(site, "buffer", whole.count, whole.type);
     check_divisible(site, whole.count, whole.type);
     const std::size_t n = whole.count / static_cast<std::size_t>(site.size);
     auto* base = static_cast<std::byte*>(whole.data);

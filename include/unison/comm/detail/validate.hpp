@@ -9,8 +9,8 @@
 #include "unison/core/error.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
-#include <numeric>
 #include <span>
 #include <string>
 #include <utility>
@@ -33,10 +33,39 @@ inline std::string describe(std::size_t count, dtype t) {
     return std::to_string(count) + " " + std::string(to_string(t)) + " elements";
 }
 
-inline void check_buffer(const call_site& site, const char* name, const void* data,
-                         std::size_t count) {
+/// The most elements of `t` one object can hold: PTRDIFF_MAX bytes, the C++ limit
+/// on an object's size (and so on any buffer a backend could read or write).
+constexpr std::size_t max_elements(dtype t) noexcept {
+    return static_cast<std::size_t>(PTRDIFF_MAX) / size_of(t);
+}
+
+/// Throws unless `count` elements of `t` can be one buffer. A count past it
+/// (SIZE_MAX, 2^62 floats, (size_t)-1024) comes from a negative or wrapped-around
+/// computation, and would have a backend read or write far past the data.
+inline void check_size(const call_site& site, const std::string& name, std::size_t count, dtype t) {
+    if (count > max_elements(t)) {
+        site.fail("the " + name + " has " + describe(count, t) + ", more bytes than any object " +
+                  "can hold (" + std::to_string(max_elements(t)) + " elements at most); " +
+                  "was the count computed from a negative or overflowed value?");
+    }
+}
+
+/// count * factor, or a failure naming `what` when it is no possible buffer size.
+inline std::size_t checked_product(const call_site& site, std::size_t count, std::size_t factor,
+                                   dtype t, const std::string& what) {
+    if (factor != 0 && count > max_elements(t) / factor) {
+        site.fail(what + " (" + describe(count, t) + " times " + std::to_string(factor) +
+                  ") is more than any object can hold (" + std::to_string(max_elements(t)) +
+                  " elements at most)");
+    }
+    return count * factor;
+}
+
+inline void check_buffer(const call_site& site, const std::string& name, const void* data,
+                         std::size_t count, dtype t) {
+    check_size(site, name, count, t);
     if (data == nullptr && count != 0) {
-        site.fail(std::string("the ") + name + " has " + std::to_string(count) +
+        site.fail("the " + name + " has " + std::to_string(count) +
                   " elements but a null data pointer");
     }
 }
@@ -50,8 +79,8 @@ inline void check_same_kind(const call_site& site, const const_buffer& in, const
         site.fail("the input is on " + to_string(in.location) + " but the output is on " +
                   to_string(out.location));
     }
-    check_buffer(site, "input", in.data, in.count);
-    check_buffer(site, "output", out.data, out.count);
+    check_buffer(site, "input", in.data, in.count, in.type);
+    check_buffer(site, "output", out.data, out.count, out.type);
 }
 
 inline void check_reduction(const call_site& site, dtype t, reduce_op op) {
@@ -144,7 +173,12 @@ inline collective_call all_reduce_coalesced_call(call_site site, std::span<const
             site.fail(which + " is on " + to_string(p.location) +
                       ": a coalesced all_reduce moves host memory");
         }
-        check_buffer(site, which.c_str(), p.data, p.count);
+        check_buffer(site, which, p.data, p.count, p.type);
+        if (p.count > max_elements(p.type) - total) {
+            site.fail("the tensors together hold more elements than any object can hold (" +
+                      std::to_string(max_elements(p.type)) + " " + std::string(to_string(p.type)) +
+                      " elements at most)");
+        }
         total += p.count;
     }
     check_reduction(site, pieces[0].type, op);
@@ -164,7 +198,9 @@ inline collective_call reduce_scatter_call(call_site site, const_buffer in, buff
     check_same_kind(site, in, out);
     check_reduction(site, in.type, op);
     if (!in_place) {
-        check_count(site, "input", in.count, out.count * static_cast<std::size_t>(site.size),
+        check_count(site, "input", in.count,
+                    checked_product(site, out.count, static_cast<std::size_t>(site.size), in.type,
+                                    "the output's count times the number of ranks"),
                     in.type, "the output's count times the number of ranks");
         check_disjoint(site, in, out);
     }
@@ -183,7 +219,9 @@ inline collective_call reduce_scatter_call(call_site site, const_buffer in, buff
 inline collective_call all_gather_call(call_site site, const_buffer in, buffer out, bool in_place) {
     check_same_kind(site, in, out);
     if (!in_place) {
-        check_count(site, "output", out.count, in.count * static_cast<std::size_t>(site.size),
+        check_count(site, "output", out.count,
+                    checked_product(site, in.count, static_cast<std::size_t>(site.size), out.type,
+                                    "the input's count times the number of ranks"),
                     out.type, "the input's count times the number of ranks");
         check_disjoint(site, in, out);
     }
@@ -200,7 +238,16 @@ inline collective_call all_gatherv_call(call_site site, const_buffer in, buffer 
     }
     check_count(site, "input", in.count, counts[static_cast<std::size_t>(site.rank)], in.type,
                 "counts[" + std::to_string(site.rank) + "]");
-    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+        check_size(site, "counts[" + std::to_string(i) + "] entry", counts[i], out.type);
+        if (counts[i] > max_elements(out.type) - total) {
+            site.fail("the sum of counts is more than any object can hold (" +
+                      std::to_string(max_elements(out.type)) + " " +
+                      std::string(to_string(out.type)) + " elements at most)");
+        }
+        total += counts[i];
+    }
     check_count(site, "output", out.count, total, out.type, "the sum of counts");
     check_disjoint(site, in, out);
     return {operation::all_gatherv, in.data, out.data, in.count,   counts, in.type,
@@ -229,7 +276,7 @@ inline collective_call reduce_call(call_site site, const_buffer in, buffer out, 
             check_disjoint(site, in, out);
         }
     } else {
-        check_buffer(site, "input", in.data, in.count);
+        check_buffer(site, "input", in.data, in.count, in.type);
     }
     return {operation::reduce, in.data, out.data, in.count, {}, in.type, op, root, 0, in.location};
 }
@@ -266,7 +313,7 @@ inline collective_call point_to_point_call(call_site site, const void* send, voi
                   ")");
     }
     check_buffer(site, site.op == operation::send ? "input" : "output",
-                 send != nullptr ? send : recv, count);
+                 send != nullptr ? send : recv, count, type);
     return {site.op, send, recv, count, {}, type, reduce_op::sum, peer, tag, location};
 }
 
