@@ -29,6 +29,35 @@ all_reduce_coalesced) makes two: packing, and unpacking with the division. With
 bytes / G (G is memcpy's bytes copied per second). On a real network the packing
 of a bucket overlaps earlier buckets on the wire, the slower of the two; over
 loopback TCP the CPU does the wire's work too, and the passes show.
+
+At scale (--scale): what one training step communicates at 8 to 1024 ranks, for a
+GPT-2-small (124M parameters) and a GPT-3-XL-sized (1.3B) model, under the MPI
+backend's all-reduce algorithms and the tuning's choice among them (the rules of
+include/unison/mpi/tuning.hpp, mirrored here and checked against the algorithm
+the simulation reports). Per all-reduce of m bytes over p ranks, with a the
+latency of one message and b the bandwidth, P the largest power of two <= p and
+f = 1 when p is not one (the fold: 2 (a + m/b) more), to first order (the model
+sums each message's own cost along the critical path):
+
+    recursive doubling  log2(P) (a + m/b)                  + f 2 (a + m/b)
+    Rabenseifner        2 log2(P) a + 2 (P-1)/P m/b        + f 2 (a + m/b)
+    ring                2 (p-1) (a + m/(p b))
+
+and a reduce-scatter or all-gather (MPI's own at scale: recursive halving or
+doubling) log2(P) a + (p-1)/p m/b. A DDP step all-reduces its gradients in
+buckets (--bucket, --first); a FSDP step all-gathers each unit's parameters
+twice (forward and backward) and reduce-scatters its gradients. Calls run one
+after another and compute is left out: these are the step's communication
+times, the floor a step approaches when backward hides nothing.
+
+    python3 bench/cost_model.py --scale --latency-us 2 --gbps 12.5
+    python3 bench/cost_model.py --scale --check sim.csv    # a and b fitted to the
+                                                           # simulation's smallest N,
+                                                           # checked at the others
+
+A message's cost depends on its size as SMPI's (and a real MPI's) does: a and b
+below the eager limit (64 KiB, simulate.sh's setting), a rendezvous' own a and b
+from it; --check fits all four.
 """
 
 import argparse
@@ -95,6 +124,261 @@ def buckets(sizes, first_cap, cap):
     return out
 
 
+# ---- At scale ----------------------------------------------------------------
+
+KIB = 1024
+
+# mpi/tuning.hpp, mirrored (check_against_simulation tells when they drift apart:
+# the simulation's driver reports the algorithm the C++ tuning chose).
+TUNING = {
+    "node_ring_max_ranks": 3,
+    "node_ring_min_bytes": 64 * KIB,
+    "node_rabenseifner_min_bytes": 128 * KIB,
+    "few_ranks_rabenseifner_min_bytes": 2 * MIB,
+    "some_ranks_rabenseifner_min_bytes": 16 * KIB,
+    "many_ranks_rabenseifner_min_bytes": 8 * KIB,
+    "odd_few_ring_min_bytes": 64 * KIB,
+    "odd_some_ranks": 8,
+    "odd_some_ring_min_bytes": 2 * MIB,
+    "odd_rabenseifner_min_bytes": 64 * KIB,
+    "ring_min_bytes_per_rank": 512 * KIB,
+}
+
+
+def read_tuning(path):
+    """The thresholds of tuning.hpp, where they can be read (else TUNING's)."""
+    import re
+    t = dict(TUNING)
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError:
+        return t
+    for name in t:
+        m = re.search(r"constexpr\s+\w+(?:::\w+)?\s+" + name + r"\s*=\s*([^;]+);", text)
+        if m:
+            expr = m.group(1).replace(" ", "")
+            value = 1
+            for factor in expr.split("*"):
+                value *= int(factor)
+            t[name] = value
+    return t
+
+
+def pow2_floor(p):
+    return 1 << (p.bit_length() - 1)
+
+
+def tuned(t, m, p, one_node=False):
+    """The algorithm mpi_tuning::all_reduce picks (its rules, in Python)."""
+    if p <= 1:
+        return "recursive_doubling"
+    if one_node and p <= t["node_ring_max_ranks"]:
+        return "recursive_doubling" if m < t["node_ring_min_bytes"] else "ring"
+    if p & (p - 1):
+        if p <= t["odd_some_ranks"]:
+            ring_from = t["odd_few_ring_min_bytes"] if p <= 4 else t["odd_some_ring_min_bytes"]
+            return "recursive_doubling" if m < ring_from else "ring"
+        if m < t["odd_rabenseifner_min_bytes"]:
+            return "recursive_doubling"
+        return "ring" if m // p >= t["ring_min_bytes_per_rank"] else "rabenseifner"
+    if one_node:
+        least = t["node_rabenseifner_min_bytes"]
+    elif p == 2:
+        least = float("inf")
+    elif p <= 4:
+        least = t["few_ranks_rabenseifner_min_bytes"]
+    elif p <= 8:
+        least = t["some_ranks_rabenseifner_min_bytes"]
+    else:
+        least = t["many_ranks_rabenseifner_min_bytes"]
+    return "recursive_doubling" if m < least else "rabenseifner"
+
+
+class network:
+    """A message of s bytes costs a + s / b: (a, b) = (eager_a, eager_b) below the
+    eager limit, (rendezvous_a, rendezvous_b) from it (a rendezvous waits for its
+    receive: SMPI, like real MPIs, charges it several latencies)."""
+
+    def __init__(self, a, b, rendezvous_a=None, rendezvous_b=None, eager_limit=64 * KIB):
+        self.a, self.b = a, b
+        self.ra = a if rendezvous_a is None else rendezvous_a
+        self.rb = b if rendezvous_b is None else rendezvous_b
+        self.eager_limit = eager_limit
+
+    def terms(self, s):
+        """(messages, bytes) of one message of s bytes, per regime: eager, rendezvous."""
+        return (1, s, 0, 0) if s < self.eager_limit else (0, 0, 1, s)
+
+    def cost(self, terms):
+        ne, be, nr, br = terms
+        return ne * self.a + be / self.b + nr * self.ra + br / self.rb
+
+
+def add(x, y, k=1):
+    return tuple(u + k * v for u, v in zip(x, y))
+
+
+def all_reduce_terms(algo, m, p, net):
+    """The messages on an all-reduce's critical path, as network.terms sums."""
+    zero = (0, 0, 0, 0)
+    if p <= 1:
+        return zero
+    big = pow2_floor(p)
+    steps = big.bit_length() - 1
+    fold = zero if big == p else add(zero, net.terms(m), 2)
+    if algo == "recursive_doubling":
+        return add(fold, net.terms(m), steps)
+    if algo == "rabenseifner":
+        out = fold
+        for k in range(1, steps + 1):  # halving, then doubling back
+            out = add(out, net.terms(m / (1 << k)), 2)
+        return out
+    if algo == "ring":
+        return add(zero, net.terms(m / p), 2 * (p - 1))
+    raise ValueError(algo)
+
+
+def all_reduce_time(algo, m, p, net):
+    return net.cost(all_reduce_terms(algo, m, p, net))
+
+
+def gather_time(m, p, net):
+    """A reduce-scatter or all-gather of m bytes in all, by recursive halving or
+    doubling (one exchange more when p is not a power of two)."""
+    if p <= 1:
+        return 0.0
+    big = pow2_floor(p)
+    out = (0, 0, 0, 0) if big == p else net.terms(m / p)
+    for k in range(1, big.bit_length()):
+        out = add(out, net.terms(m / (1 << k)))
+    return net.cost(out)
+
+
+def solve(matrix, rhs):
+    """Gaussian elimination with partial pivoting (no numpy needed)."""
+    n = len(rhs)
+    a = [row[:] + [r] for row, r in zip(matrix, rhs)]
+    for c in range(n):
+        pivot = max(range(c, n), key=lambda r: abs(a[r][c]))
+        a[c], a[pivot] = a[pivot], a[c]
+        if abs(a[c][c]) < 1e-300:
+            raise SystemExit("the fit is singular: give more sizes on both sides of the "
+                             "eager limit")
+        for r in range(n):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [x - f * y for x, y in zip(a[r], a[c])]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+def gpt_tensors(layers, d, vocab, ctx):
+    """Parameter counts of a GPT-2-style model, in registration order."""
+    out = [vocab * d, ctx * d]  # token and position embeddings (the head is tied)
+    blocks = []
+    for _ in range(layers):
+        block = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d]
+        blocks.append(block)
+        out += block
+    out += [d, d]  # final layer norm
+    return out, blocks
+
+
+MODELS = {
+    "124M": dict(layers=12, d=768, vocab=50257, ctx=1024),
+    "1.3B": dict(layers=24, d=2048, vocab=50257, ctx=2048),
+}
+
+
+def check_against_simulation(path, t, ranks_fit, drift_only=False):
+    """a, b fitted to the simulation's automatic rows at the smallest rank count
+    (flat platform), then every row at the other counts predicted from them."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            if r.get("platform") == "platform":  # a repeated header line
+                continue
+            if r["algorithm"] != "automatic" or r["platform"] != "flat":
+                continue
+            rows.append((int(r["ranks"]), int(r["bytes"]), r["chosen"], float(r["us"]) * 1e-6))
+    if not rows:
+        raise SystemExit(f"{path}: no automatic rows on the flat platform")
+    drift = [(p, m, c, tuned(t, m, p)) for p, m, c, _ in rows if c != tuned(t, m, p)]
+    for p, m, c, mine in drift:
+        print(f"  tuning drift: {p} ranks, {m} B: the C++ tuning ran {c}, this model {mine}")
+    if drift_only:
+        print(f"{len(rows)} rows, {len(drift)} tuning drifts")
+        raise SystemExit(1 if drift else 0)
+    fit_at = ranks_fit or min(p for p, _, _, _ in rows)
+    # Least squares on the relative error over the rows at fit_at, each through its
+    # own algorithm's messages: t = ne a + be / b + nr ra + br / rb.
+    probe = network(1.0, 1.0)
+    normal = [[0.0] * 4 for _ in range(4)]
+    rhs = [0.0] * 4
+    for p, m, c, us in rows:
+        if p != fit_at:
+            continue
+        x = all_reduce_terms(c, m, p, probe)
+        w = 1.0 / (us * us)
+        for i in range(4):
+            rhs[i] += w * x[i] * us
+            for j in range(4):
+                normal[i][j] += w * x[i] * x[j]
+    a, inv_b, ra, inv_rb = solve(normal, rhs)
+    net = network(a, 1.0 / inv_b, ra, 1.0 / inv_rb)
+    print(f"fit at {fit_at} ranks: messages under {net.eager_limit // KIB} KiB "
+          f"{a * 1e6:.2f} us + bytes at {net.b / 1e9:.2f} GB/s, larger ones "
+          f"{ra * 1e6:.2f} us + bytes at {net.rb / 1e9:.2f} GB/s")
+    worst = 1.0
+    print(f"  {'ranks':>5} {'bytes':>10} {'algorithm':>18} {'simulated us':>13} "
+          f"{'model us':>10} {'model/sim':>9}")
+    for p, m, c, us in sorted(rows):
+        model = all_reduce_time(c, m, p, net)
+        ratio = model / us
+        if p != fit_at:
+            worst = max(worst, ratio, 1 / ratio)
+        print(f"  {p:>5} {m:>10} {c:>18} {us * 1e6:>13.1f} {model * 1e6:>10.1f} {ratio:>9.2f}")
+    print(f"  worst at the other rank counts: {worst:.2f}x either way; "
+          f"{len(drift)} tuning drifts")
+    return net
+
+
+def scale(args):
+    t = read_tuning(os.path.join(HERE, "..", "include", "unison", "mpi", "tuning.hpp"))
+    if args.check:
+        net = check_against_simulation(args.check, t, args.fit_ranks, args.drift_only)
+    elif args.latency_us is not None and args.gbps is not None:
+        net = network(args.latency_us * 1e-6, args.gbps * 1e9)
+    else:
+        raise SystemExit("--scale needs --check sim.csv, or --latency-us and --gbps")
+    ranks = [int(x) for x in args.ranks.split(",")]
+    print(f"\none training step's communication; fp32 gradients, DDP buckets of {args.bucket:g} MiB "
+          f"(first {args.first:g} MiB), FSDP units of one block, bf16 parameters gathered")
+    for name, shape in MODELS.items():
+        sizes, blocks = gpt_tensors(**shape)
+        params = sum(sizes)
+        grads = [4 * n for n in sizes]
+        bucket_list = buckets(grads, args.first * MIB, args.bucket * MIB)
+        # FSDP units: the embeddings (and final norm) as one, then each block.
+        units = [sum(sizes) - sum(sum(bl) for bl in blocks)] + [sum(bl) for bl in blocks]
+        print(f"\n{name}: {params / 1e6:.1f} M parameters, {len(bucket_list)} DDP buckets, "
+              f"{len(units)} FSDP units")
+        print(f"  {'ranks':>5} {'DDP tuned ms':>12} {'ring ms':>9} {'rd ms':>9} {'rab ms':>9} "
+              f"{'flat ms':>8} {'FSDP ms':>9}  tuned picks")
+        for p in ranks:
+            per = {algo: sum(all_reduce_time(algo, m, p, net) for m in bucket_list)
+                   for algo in ("ring", "recursive_doubling", "rabenseifner")}
+            picks = [tuned(t, m, p) for m in bucket_list]
+            ddp = sum(all_reduce_time(tuned(t, m, p), m, p, net) for m in bucket_list)
+            flat = all_reduce_time(tuned(t, 4 * params, p), 4 * params, p, net)
+            fsdp = sum(2 * gather_time(2 * n, p, net) + gather_time(4 * n, p, net)
+                       for n in units)
+            kinds = ", ".join(f"{picks.count(k)} {k[:4]}" for k in sorted(set(picks)))
+            print(f"  {p:>5} {ddp * 1e3:>12.2f} {per['ring'] * 1e3:>9.2f} "
+                  f"{per['recursive_doubling'] * 1e3:>9.2f} {per['rabenseifner'] * 1e3:>9.2f} "
+                  f"{flat * 1e3:>8.2f} {fsdp * 1e3:>9.2f}  {kinds}")
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("sweep", nargs="?", help="unison-bench --format csv output to fit")
@@ -107,7 +391,18 @@ def main():
     p.add_argument("--copy-gbps", type=float, help="memcpy GB/s, for --packing")
     p.add_argument("--packing", action="store_true",
                    help="bucketed packs and unpacks: two memory passes at --copy-gbps")
+    p.add_argument("--scale", action="store_true",
+                   help="a DDP and a FSDP step of 124M and 1.3B models at --ranks")
+    p.add_argument("--ranks", default="8,16,32,64,128,256,512,1024")
+    p.add_argument("--check", help="--scale: a simulate.sh CSV to fit a, b to and check")
+    p.add_argument("--fit-ranks", type=int, help="--check: the rank count to fit at "
+                   "[the smallest]")
+    p.add_argument("--drift-only", action="store_true",
+                   help="--check: only compare the algorithms chosen with this model's "
+                   "mirror of the tuning; exit status 1 when they differ")
     args = p.parse_args()
+    if args.scale:
+        return scale(args)
 
     if args.sweep:
         points = read_sweep(args.sweep)
