@@ -1,8 +1,8 @@
 #pragma once
 
 /// \file
-/// MPI return-code checking, dtype mapping and the user-defined reductions for the
-/// 16-bit float types, which MPI does not know.
+/// MPI return-code checking, giving up requests after a timeout, dtype mapping and
+/// the user-defined reductions for the 16-bit float types, which MPI does not know.
 
 #include "unison/core/detail/host_reduce.hpp"
 #include "unison/core/dtype.hpp"
@@ -14,6 +14,8 @@
 #endif
 #include <mpi.h>
 
+#include <chrono>
+#include <span>
 #include <string>
 
 namespace unison::detail {
@@ -29,6 +31,35 @@ namespace unison::detail {
                     std::string(call) +
                         " failed: " + std::string(text, static_cast<std::size_t>(length)),
                     code);
+}
+
+/// Gives requests up after a timeout (their call is never driven again): cancels
+/// `receives`, waiting at most `budget` in all for the cancellations (a receive
+/// already matched completes only when its sender goes on, and is then left), and
+/// frees `sends`, which complete or not on their own (MPI only reads their buffers).
+/// True when no receive is left in MPI's hands.
+inline bool abandon_requests(std::span<MPI_Request> receives, std::span<MPI_Request> sends,
+                             std::chrono::steady_clock::duration budget) noexcept {
+    const auto until = std::chrono::steady_clock::now() + budget;
+    for (MPI_Request& r : receives) {
+        if (r != MPI_REQUEST_NULL) {
+            MPI_Cancel(&r);
+        }
+    }
+    bool released = true;
+    for (MPI_Request& r : receives) {
+        int flag = 0;
+        while (r != MPI_REQUEST_NULL && flag == 0 && std::chrono::steady_clock::now() < until) {
+            MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+        }
+        released = released && r == MPI_REQUEST_NULL;
+    }
+    for (MPI_Request& r : sends) {
+        if (r != MPI_REQUEST_NULL) {
+            MPI_Request_free(&r);
+        }
+    }
+    return released;
 }
 
 } // namespace unison::detail

@@ -155,25 +155,7 @@ public:
     /// left in MPI's hands (receives into scratch and staging may be: the owner keeps
     /// those alive).
     bool cancel(std::chrono::steady_clock::duration budget) noexcept {
-        const auto until = std::chrono::steady_clock::now() + budget;
-        for (MPI_Request& r : recvs_) {
-            if (r != MPI_REQUEST_NULL) {
-                MPI_Cancel(&r);
-            }
-        }
-        bool released = true;
-        for (MPI_Request& r : recvs_) {
-            int flag = 0;
-            while (r != MPI_REQUEST_NULL && flag == 0 && std::chrono::steady_clock::now() < until) {
-                MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
-            }
-            released = released && r == MPI_REQUEST_NULL;
-        }
-        for (MPI_Request& r : sends_) {
-            if (r != MPI_REQUEST_NULL) {
-                MPI_Request_free(&r);
-            }
-        }
+        const bool released = abandon_requests(recvs_, sends_, budget);
         const bool into_output = current_ < steps_.size() && steps_[current_].writes_output;
         current_ = steps_.size();
         return released || !into_output;

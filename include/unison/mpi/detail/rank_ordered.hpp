@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace unison::detail {
@@ -149,27 +150,9 @@ public:
     /// receives, waiting at most `budget` for the cancellations, and frees the sends
     /// (MPI only reads their buffers). True when no receive is left in MPI's hands.
     bool cancel(std::chrono::steady_clock::duration budget) noexcept {
-        const auto until = std::chrono::steady_clock::now() + budget;
-        for (std::size_t k = 0; k < receives_ && k < requests_.size(); ++k) {
-            if (requests_[k] != MPI_REQUEST_NULL) {
-                MPI_Cancel(&requests_[k]);
-            }
-        }
-        bool released = true;
-        for (std::size_t k = 0; k < receives_ && k < requests_.size(); ++k) {
-            int flag = 0;
-            while (requests_[k] != MPI_REQUEST_NULL && flag == 0 &&
-                   std::chrono::steady_clock::now() < until) {
-                MPI_Test(&requests_[k], &flag, MPI_STATUS_IGNORE);
-            }
-            released = released && requests_[k] == MPI_REQUEST_NULL;
-        }
-        for (std::size_t k = receives_; k < requests_.size(); ++k) {
-            if (requests_[k] != MPI_REQUEST_NULL) {
-                MPI_Request_free(&requests_[k]);
-            }
-        }
-        return released;
+        const std::size_t receives = std::min(receives_, requests_.size());
+        return abandon_requests(std::span(requests_).first(receives),
+                                std::span(requests_).subspan(receives), budget);
     }
 
 private:

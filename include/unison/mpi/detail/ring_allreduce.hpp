@@ -146,28 +146,10 @@ public:
     /// their buffers). True when no receive is left in MPI's hands, so nothing writes
     /// to the caller's buffer or the scratch any more.
     bool cancel(std::chrono::steady_clock::duration budget) noexcept {
-        const auto until = std::chrono::steady_clock::now() + budget;
-        const auto receives = static_cast<std::size_t>(std::max(recv_segments_, 0));
-        for (std::size_t k = 0; k < receives && k < requests_.size(); ++k) {
-            if (requests_[k] != MPI_REQUEST_NULL) {
-                MPI_Cancel(&requests_[k]);
-            }
-        }
-        bool released = true;
-        for (std::size_t k = 0; k < receives && k < requests_.size(); ++k) {
-            int flag = 0;
-            while (requests_[k] != MPI_REQUEST_NULL && flag == 0 &&
-                   std::chrono::steady_clock::now() < until) {
-                MPI_Test(&requests_[k], &flag, MPI_STATUS_IGNORE);
-            }
-            released = released && requests_[k] == MPI_REQUEST_NULL;
-        }
-        for (std::size_t k = receives; k < requests_.size(); ++k) {
-            if (requests_[k] != MPI_REQUEST_NULL) {
-                MPI_Request_free(&requests_[k]);
-            }
-        }
-        return released;
+        const auto receives =
+            std::min(static_cast<std::size_t>(std::max(recv_segments_, 0)), requests_.size());
+        return abandon_requests(std::span(requests_).first(receives),
+                                std::span(requests_).subspan(receives), budget);
     }
 
 private:
