@@ -10,7 +10,8 @@
 /// which every request of a communicator points at, bounds each wait by the
 /// communicator's timeout, keeps the calls that timed out, and recycles operations
 /// so that a handshake allocates nothing once the communicator has warmed up (the
-/// ring and Rabenseifner's algorithm build small step lists per call).
+/// ring, Rabenseifner's algorithm and the rank-ordered schedule build small request
+/// and step lists per call).
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/detail/validate.hpp"
