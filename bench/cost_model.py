@@ -142,7 +142,14 @@ TUNING = {
     "odd_some_ring_min_bytes": 2 * MIB,
     "odd_rabenseifner_min_bytes": 64 * KIB,
     "ring_min_bytes_per_rank": 512 * KIB,
+    "two_nodes_two_level_min_bytes": 8 * KIB,
+    "few_nodes_two_level_min_bytes": 2 * KIB,
+    "many_nodes_two_level_min_bytes": 1 * KIB,
+    "two_level_max_bytes": 32 * KIB,
 }
+
+# Ranks per node on each simulated platform (bench/simulation/platforms/).
+PLATFORM_NODE_RANKS = {"flat": 1, "two_level": 8, "fat_tree": 1}
 
 
 def read_tuning(path):
@@ -168,8 +175,24 @@ def pow2_floor(p):
     return 1 << (p.bit_length() - 1)
 
 
-def tuned(t, m, p, one_node=False):
-    """The algorithm mpi_tuning::all_reduce picks (its rules, in Python)."""
+def tuned(t, m, p, node_ranks=1):
+    """The algorithm mpi_tuning::all_reduce picks (its rules, in Python), over p
+    ranks of which at most node_ranks share a node."""
+    one_node = node_ranks >= p
+    flat = tuned_by_size(t, m, p, one_node)
+    if one_node or node_ranks <= 1:
+        return flat
+    nodes = -(-p // node_ranks)
+    least = (t["two_nodes_two_level_min_bytes"] if nodes <= 2 else
+             t["few_nodes_two_level_min_bytes"] if nodes <= 4 else
+             t["many_nodes_two_level_min_bytes"])
+    if m >= least and (flat == "recursive_doubling" or
+                       (flat == "rabenseifner" and m < t["two_level_max_bytes"])):
+        return "two_level"
+    return flat
+
+
+def tuned_by_size(t, m, p, one_node):
     if p <= 1:
         return "recursive_doubling"
     if one_node and p <= t["node_ring_max_ranks"]:
@@ -226,7 +249,7 @@ def all_reduce_terms(algo, m, p, net):
     big = pow2_floor(p)
     steps = big.bit_length() - 1
     fold = zero if big == p else add(zero, net.terms(m), 2)
-    if algo == "recursive_doubling":
+    if algo in ("recursive_doubling", "two_level"):  # one level: the same messages
         return add(fold, net.terms(m), steps)
     if algo == "rabenseifner":
         out = fold
@@ -292,22 +315,28 @@ MODELS = {
 def check_against_simulation(path, t, ranks_fit, drift_only=False):
     """a, b fitted to the simulation's automatic rows at the smallest rank count
     (flat platform), then every row at the other counts predicted from them."""
-    rows = []
+    rows, checked = [], []
     with open(path, encoding="utf-8") as f:
         for r in csv.DictReader(f):
             if r.get("platform") == "platform":  # a repeated header line
                 continue
-            if r["algorithm"] != "automatic" or r["platform"] != "flat":
+            if r["algorithm"] != "automatic":
                 continue
-            rows.append((int(r["ranks"]), int(r["bytes"]), r["chosen"], float(r["us"]) * 1e-6))
+            row = (int(r["ranks"]), int(r["bytes"]), r["chosen"], float(r["us"]) * 1e-6)
+            node_ranks = PLATFORM_NODE_RANKS.get(r["platform"], 1)
+            checked.append((r["platform"], node_ranks) + row)
+            if r["platform"] == "flat":
+                rows.append(row)
+    drift = [(pl, p, m, c, tuned(t, m, p, k)) for pl, k, p, m, c, _ in checked
+             if c != tuned(t, m, p, k)]
+    for pl, p, m, c, mine in drift:
+        print(f"  tuning drift: {pl}, {p} ranks, {m} B: the C++ tuning ran {c}, "
+              f"this model {mine}")
+    if drift_only:
+        print(f"{len(checked)} rows, {len(drift)} tuning drifts")
+        raise SystemExit(1 if drift else 0)
     if not rows:
         raise SystemExit(f"{path}: no automatic rows on the flat platform")
-    drift = [(p, m, c, tuned(t, m, p)) for p, m, c, _ in rows if c != tuned(t, m, p)]
-    for p, m, c, mine in drift:
-        print(f"  tuning drift: {p} ranks, {m} B: the C++ tuning ran {c}, this model {mine}")
-    if drift_only:
-        print(f"{len(rows)} rows, {len(drift)} tuning drifts")
-        raise SystemExit(1 if drift else 0)
     fit_at = ranks_fit or min(p for p, _, _, _ in rows)
     # Least squares on the relative error over the rows at fit_at, each through its
     # own algorithm's messages: t = ne a + be / b + nr ra + br / rb.

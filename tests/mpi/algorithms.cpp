@@ -45,14 +45,22 @@ unison::mpi_communicator forced(unison::algorithm a) {
     return unison::mpi_communicator(MPI_COMM_WORLD, o);
 }
 
+/// Forced, with each block of `ranks_per_node` ranks taken as a node.
+unison::mpi_communicator on_nodes(unison::algorithm a, int ranks_per_node) {
+    unison::comm_options o = unison::comm_options::from_env();
+    o.all_reduce_algorithm = a;
+    o.ranks_per_node = ranks_per_node;
+    return unison::mpi_communicator(MPI_COMM_WORLD, o);
+}
+
 constexpr unison::algorithm forced_algorithms[] = {
-    unison::algorithm::automatic,    unison::algorithm::recursive_doubling,
-    unison::algorithm::rabenseifner, unison::algorithm::ring,
-    unison::algorithm::native,       unison::algorithm::rank_ordered};
+    unison::algorithm::automatic,   unison::algorithm::recursive_doubling,
+    unison::algorithm::two_level,   unison::algorithm::rabenseifner,
+    unison::algorithm::ring,        unison::algorithm::native,
+    unison::algorithm::rank_ordered};
 
 template <class T>
-void check_algorithm(unison::algorithm a) {
-    auto comm = forced(a);
+void check_algorithm(unison::mpi_communicator& comm) {
     const int rank = comm.rank(), n = comm.size();
     std::uint64_t seed = 11;
     // 1000 floats pass the first message's 4000 bytes; 70001 pass 64 KiB.
@@ -141,9 +149,83 @@ TEST_CASE("mpi reduce_scatter: both algorithms give the serial result") {
 TEST_CASE("mpi all-reduce: every algorithm gives the serial result") {
     for (unison::algorithm a : forced_algorithms) {
         CAPTURE(unison::to_string(a));
-        check_algorithm<float>(a);
-        check_algorithm<double>(a);
+        auto comm = forced(a);
+        check_algorithm<float>(comm);
+        check_algorithm<double>(comm);
     }
+}
+
+TEST_CASE("mpi all-reduce: two_level over nodes of 1, 2 and 3 ranks gives the serial result") {
+    // One machine, its ranks taken as nodes by comm_options::ranks_per_node: at 3
+    // ranks in nodes of 2, one node of 2 and one of 1; at 4 in nodes of 3, the same
+    // uneven pair; in nodes of 2, two leaders.
+    for (int per : {1, 2, 3}) {
+        for (unison::algorithm a : {unison::algorithm::automatic, unison::algorithm::two_level}) {
+            CAPTURE(per);
+            CAPTURE(unison::to_string(a));
+            auto comm = on_nodes(a, per);
+            const int n = comm.size();
+            CHECK(comm.node_ranks() == std::min(per, n));
+            CHECK(comm.one_node() == (per >= n));
+            const bool tuned_two_level = per > 1 && per < n;
+            CHECK((comm.all_reduce_algorithm(4096) == unison::algorithm::two_level) ==
+                  (tuned_two_level || (a == unison::algorithm::two_level && n > 1)));
+            check_algorithm<float>(comm);
+            // A split keeps its parent's nodes: the even ranks, in nodes by the parent's.
+            auto half = comm.split(comm.rank() % 2, comm.rank());
+            check_algorithm<double>(half);
+        }
+    }
+}
+
+TEST_CASE("mpi all-reduce: two_level checks the call and loses nothing") {
+    for (int per : {1, 2, 3}) {
+        auto comm = on_nodes(unison::algorithm::two_level, per);
+        const int rank = comm.rank(), n = comm.size();
+        if (n < 2) {
+            return;
+        }
+        // The last rank passes one element more, or three times as many: a leaf of a
+        // node's tree, or a leader, depending on the layout.
+        for (std::size_t count : {std::size_t{10}, std::size_t{5000}}) {
+            for (bool triple : {false, true}) {
+                CAPTURE(per);
+                CAPTURE(count);
+                CAPTURE(triple);
+                const std::size_t mine = rank == n - 1 ? (triple ? 3 * count : count + 1) : count;
+                std::vector<float> in(mine, static_cast<float>(rank + 1)), out(mine, -1.0f);
+                std::string field;
+                try {
+                    unison::all_reduce(comm, in, out);
+                } catch (const unison::mismatch_error& e) {
+                    field = e.field();
+                }
+                CHECK(field == "count");
+                CHECK(out == std::vector<float>(mine, -1.0f));
+            }
+        }
+        std::vector<float> x(3000, static_cast<float>(rank + 1));
+        unison::all_reduce(comm, x);
+        CHECK(x.front() == static_cast<float>(n * (n + 1) / 2));
+        CHECK(x.back() == static_cast<float>(n * (n + 1) / 2));
+    }
+}
+
+TEST_CASE("mpi communicator: ranks that disagree about ranks_per_node are refused") {
+    int rank = 0, n = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    if (n < 2) {
+        return;
+    }
+    std::string message;
+    try {
+        (void)on_nodes(unison::algorithm::automatic, rank == 0 ? 2 : 1);
+    } catch (const unison::argument_error& e) {
+        message = e.what();
+    }
+    CHECK(message.find("ranks_per_node") != std::string::npos);
+    CHECK(message.find(rank == 0 ? "on rank 1" : "on rank 0") != std::string::npos);
 }
 
 TEST_CASE("mpi all-reduce: every algorithm reduces coalesced tensors") {

@@ -44,13 +44,14 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
     using unison::algorithm;
     std::set<algorithm> chosen;
     for (int ranks : {1, 2, 3, 4, 5, 8, 12, 16, 24, 64, 96, 1000, 1024}) {
-        for (bool one_node : {false, true}) {
+        // A rank per node, nodes of 8 (or one node, up to 8 ranks), one node.
+        for (int node_ranks : {1, 8, ranks}) {
             algorithm previous = algorithm::recursive_doubling;
             for (std::size_t bytes = 1; bytes <= (std::size_t{1} << 32); bytes *= 2) {
-                const algorithm a = unison::mpi_tuning::all_reduce(bytes, ranks, one_node);
+                const algorithm a = unison::mpi_tuning::all_reduce(bytes, ranks, node_ranks);
                 chosen.insert(a);
                 CAPTURE(ranks);
-                CAPTURE(one_node);
+                CAPTURE(node_ranks);
                 CAPTURE(bytes);
                 // Sizes only move the choice towards fewer messages per byte.
                 CHECK(static_cast<int>(a) >= static_cast<int>(previous));
@@ -61,35 +62,48 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
             }
         }
     }
-    CHECK(chosen == std::set<algorithm>{algorithm::recursive_doubling, algorithm::rabenseifner,
-                                        algorithm::ring});
+    CHECK(chosen == std::set<algorithm>{algorithm::recursive_doubling, algorithm::two_level,
+                                        algorithm::rabenseifner, algorithm::ring});
     // The boundaries, as defined once in the tuning file.
     using namespace unison::mpi_tuning;
-    CHECK(all_reduce(node_ring_min_bytes - 1, 2, true) == algorithm::recursive_doubling);
-    CHECK(all_reduce(node_ring_min_bytes, 2, true) == algorithm::ring);
-    CHECK(all_reduce(node_rabenseifner_min_bytes, 8, true) == algorithm::rabenseifner);
-    CHECK(all_reduce(std::size_t{1} << 32, 2, false) == algorithm::recursive_doubling);
-    CHECK(all_reduce(rabenseifner_min_bytes(64, false) - 1, 64, false) ==
+    CHECK(all_reduce(node_ring_min_bytes - 1, 2, 2) == algorithm::recursive_doubling);
+    CHECK(all_reduce(node_ring_min_bytes, 2, 2) == algorithm::ring);
+    CHECK(all_reduce(node_rabenseifner_min_bytes, 8, 8) == algorithm::rabenseifner);
+    CHECK(all_reduce(std::size_t{1} << 32, 2, 1) == algorithm::recursive_doubling);
+    CHECK(all_reduce(rabenseifner_min_bytes(64, false) - 1, 64, 1) ==
           algorithm::recursive_doubling);
-    CHECK(all_reduce(rabenseifner_min_bytes(64, false), 64, false) == algorithm::rabenseifner);
-    CHECK(all_reduce(std::size_t{1} << 32, 64, false) == algorithm::rabenseifner);
-    CHECK(all_reduce(odd_few_ring_min_bytes - 1, 3, false) == algorithm::recursive_doubling);
-    CHECK(all_reduce(odd_few_ring_min_bytes, 3, false) == algorithm::ring);
-    CHECK(all_reduce(odd_some_ring_min_bytes - 1, 6, false) == algorithm::recursive_doubling);
-    CHECK(all_reduce(odd_some_ring_min_bytes, 6, false) == algorithm::ring);
-    CHECK(all_reduce(odd_rabenseifner_min_bytes, 96, false) == algorithm::rabenseifner);
-    CHECK(all_reduce(96 * ring_min_bytes_per_rank, 96, false) == algorithm::ring);
-    CHECK(all_reduce(96 * ring_min_bytes_per_rank - 96, 96, false) == algorithm::rabenseifner);
+    CHECK(all_reduce(rabenseifner_min_bytes(64, false), 64, 1) == algorithm::rabenseifner);
+    CHECK(all_reduce(std::size_t{1} << 32, 64, 1) == algorithm::rabenseifner);
+    CHECK(all_reduce(odd_few_ring_min_bytes - 1, 3, 1) == algorithm::recursive_doubling);
+    CHECK(all_reduce(odd_few_ring_min_bytes, 3, 1) == algorithm::ring);
+    CHECK(all_reduce(odd_some_ring_min_bytes - 1, 6, 1) == algorithm::recursive_doubling);
+    CHECK(all_reduce(odd_some_ring_min_bytes, 6, 1) == algorithm::ring);
+    CHECK(all_reduce(odd_rabenseifner_min_bytes, 96, 1) == algorithm::rabenseifner);
+    CHECK(all_reduce(96 * ring_min_bytes_per_rank, 96, 1) == algorithm::ring);
+    CHECK(all_reduce(96 * ring_min_bytes_per_rank - 96, 96, 1) == algorithm::rabenseifner);
+    // Nodes of several ranks each: two_level where recursive doubling would run, and
+    // where Rabenseifner would below two_level_max_bytes, from a least size by the
+    // node count; never on one node or with a rank per node.
+    CHECK(all_reduce(two_level_min_bytes(8) - 1, 64, 8) == algorithm::recursive_doubling);
+    CHECK(all_reduce(two_level_min_bytes(8), 64, 8) == algorithm::two_level);
+    CHECK(all_reduce(two_level_max_bytes - 1, 64, 8) == algorithm::two_level);
+    CHECK(all_reduce(two_level_max_bytes, 64, 8) == algorithm::rabenseifner);
+    CHECK(all_reduce(two_level_min_bytes(2) - 1, 16, 8) == algorithm::recursive_doubling);
+    CHECK(all_reduce(two_level_min_bytes(2), 16, 8) == algorithm::two_level);
+    CHECK(all_reduce(two_level_min_bytes(4), 24, 8) == algorithm::two_level); // 3 nodes
+    CHECK(all_reduce(std::size_t{1} << 20, 4, 2) == algorithm::two_level);    // RD's range
+    CHECK(all_reduce(two_level_min_bytes(8), 64, 1) == algorithm::recursive_doubling);
+    CHECK(all_reduce(two_level_min_bytes(8), 8, 8) == algorithm::recursive_doubling);
+    CHECK(all_reduce(std::size_t{1} << 30, 64, 8) == algorithm::rabenseifner);
 }
 
 TEST_CASE("mpi tuning: a forced algorithm wins over the tuning, but not for one rank") {
     using unison::algorithm;
     for (algorithm a : unison::all_algorithms) {
-        const algorithm ran = unison::mpi_all_reduce_algorithm(a, 1 << 20, 8, false);
+        const algorithm ran = unison::mpi_all_reduce_algorithm(a, 1 << 20, 8, 1);
         CHECK(ran ==
-              (a == algorithm::automatic ? unison::mpi_tuning::all_reduce(1 << 20, 8, false) : a));
-        CHECK(unison::mpi_all_reduce_algorithm(a, 1 << 20, 1, false) ==
-              algorithm::recursive_doubling);
+              (a == algorithm::automatic ? unison::mpi_tuning::all_reduce(1 << 20, 8, 1) : a));
+        CHECK(unison::mpi_all_reduce_algorithm(a, 1 << 20, 1, 1) == algorithm::recursive_doubling);
     }
 }
 
@@ -110,7 +124,7 @@ TEST_CASE("deterministic: UNISON_DETERMINISTIC turns it on, and MPI then runs ra
     CHECK(unison::mpi_forced_algorithm(o) == algorithm::rank_ordered);
     // The tuning never picks rank_ordered by itself: it is the option's, not a size's.
     for (std::size_t bytes = 1; bytes <= (std::size_t{1} << 32); bytes *= 4) {
-        CHECK(unison::mpi_tuning::all_reduce(bytes, 16, false) != algorithm::rank_ordered);
+        CHECK(unison::mpi_tuning::all_reduce(bytes, 16, 1) != algorithm::rank_ordered);
     }
     for (algorithm other : {algorithm::recursive_doubling, algorithm::rabenseifner, algorithm::ring,
                             algorithm::native}) {

@@ -17,9 +17,14 @@ namespace unison {
 enum class algorithm : unsigned char {
     automatic,          ///< the backend's tuning picks one by size and rank count
     recursive_doubling, ///< log2(n) exchanges of the whole buffer: log2(n) (a + m b)
-    rabenseifner,       ///< recursive halving then doubling: 2 log2(n) a + 2 m b (n-1)/n
-    ring,               ///< reduce-scatter and all-gather around a ring: 2 (n-1) (a + m b / n)
-    native,             ///< the underlying library's own call (MPI_Iallreduce), after the checks
+    /// node-aware recursive doubling: a binomial tree inside each node of k ranks
+    /// into its lowest rank, recursive doubling among those n/k leaders, the tree
+    /// back down: 2 log2(k) (a' + m b') + log2(n/k) (a + m b), a' and b' inside a
+    /// node; one message per node crosses the network at each step instead of k.
+    two_level,
+    rabenseifner, ///< recursive halving then doubling: 2 log2(n) a + 2 m b (n-1)/n
+    ring,         ///< reduce-scatter and all-gather around a ring: 2 (n-1) (a + m b / n)
+    native,       ///< the underlying library's own call (MPI_Iallreduce), after the checks
     /// every rank's block sent to the rank that owns it, folded there in rank order,
     /// then all-gathered: 2 (n-1) messages posted at once, 2 (n-1) (a + m b / n) at
     /// worst. The all-reduce of comm_options::deterministic: the same bits whatever
@@ -27,9 +32,11 @@ enum class algorithm : unsigned char {
     rank_ordered,
 };
 
-inline constexpr std::array<algorithm, 6> all_algorithms = {
-    algorithm::automatic, algorithm::recursive_doubling, algorithm::rabenseifner, algorithm::ring,
-    algorithm::native,    algorithm::rank_ordered};
+inline constexpr std::array<algorithm, 7> all_algorithms = {
+    algorithm::automatic,   algorithm::recursive_doubling,
+    algorithm::two_level,   algorithm::rabenseifner,
+    algorithm::ring,        algorithm::native,
+    algorithm::rank_ordered};
 
 /// The algorithm's name, as UNISON_ALGORITHM and the benchmarks spell it.
 constexpr std::string_view to_string(algorithm a) noexcept {
@@ -38,6 +45,8 @@ constexpr std::string_view to_string(algorithm a) noexcept {
         return "automatic";
     case algorithm::recursive_doubling:
         return "recursive_doubling";
+    case algorithm::two_level:
+        return "two_level";
     case algorithm::rabenseifner:
         return "rabenseifner";
     case algorithm::ring:

@@ -39,11 +39,20 @@ struct comm_options {
     /// rank_ordered; NCCL, whose order is its own, refuses this option. Every rank
     /// must pass the same (MPI's handshake compares it).
     bool deterministic = false;
+    /// Which ranks share a node, for the MPI backend's tuning and its two-level
+    /// all-reduce: 0 asks MPI (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED); k > 0
+    /// makes each block of k consecutive ranks a node (ranks 0 .. k-1, k .. 2k-1,
+    /// ...), as launchers place them by default: for jobs where MPI sees one node
+    /// per process (a container each) or one node for all, and for trying the
+    /// several-node algorithms on one machine. A split keeps its parent's nodes.
+    /// Every rank must pass the same (checked when the communicator is made).
+    int ranks_per_node = 0;
 
     /// Defaults, overridden by the environment: UNISON_TIMEOUT (seconds, may be
     /// fractional), UNISON_DEBUG=1 (turns on check_matching), UNISON_ALGORITHM
-    /// (an algorithm's name, see algorithm.hpp; an unknown name is an argument_error)
-    /// and UNISON_DETERMINISTIC=1 (turns on deterministic).
+    /// (an algorithm's name, see algorithm.hpp; an unknown name is an argument_error),
+    /// UNISON_DETERMINISTIC=1 (turns on deterministic) and UNISON_RANKS_PER_NODE (a
+    /// positive integer; anything else is an argument_error).
     static comm_options from_env() {
         comm_options o;
         if (const char* t = std::getenv("UNISON_TIMEOUT"); t != nullptr && *t != '\0') {
@@ -58,6 +67,16 @@ struct comm_options {
         }
         if (const char* d = std::getenv("UNISON_DETERMINISTIC"); d != nullptr) {
             o.deterministic = on(d);
+        }
+        if (const char* k = std::getenv("UNISON_RANKS_PER_NODE"); k != nullptr && *k != '\0') {
+            char* end = nullptr;
+            const long v = std::strtol(k, &end, 10);
+            if (end == k || *end != '\0' || v <= 0 || v > 1L << 30) {
+                throw argument_error(-1, "UNISON_RANKS_PER_NODE",
+                                     "'" + std::string(k) +
+                                         "' is not a positive number of ranks per node");
+            }
+            o.ranks_per_node = static_cast<int>(v);
         }
         if (const char* a = std::getenv("UNISON_ALGORITHM"); a != nullptr && *a != '\0') {
             const auto named = algorithm_from_string(a);

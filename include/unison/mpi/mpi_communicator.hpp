@@ -105,11 +105,15 @@ public:
     /// Whether every rank is on one node (shares memory with every other), which
     /// the tuning (mpi/tuning.hpp) tells apart from several nodes.
     bool one_node() const noexcept { return state_->one_node; }
+    /// The most ranks any one node holds (size() on one node, 1 with a rank per node),
+    /// from MPI_Comm_split_type or comm_options::ranks_per_node.
+    int node_ranks() const noexcept { return state_->nodes.node_ranks; }
     /// The algorithm an all-reduce of `bytes` runs on this communicator: the forced
     /// one (options().all_reduce_algorithm; rank_ordered when options().deterministic)
     /// or the tuning's choice.
     algorithm all_reduce_algorithm(std::size_t bytes) const noexcept {
-        return mpi_all_reduce_algorithm(state_->forced, bytes, state_->size, state_->one_node);
+        return mpi_all_reduce_algorithm(state_->forced, bytes, state_->size,
+                                        state_->nodes.node_ranks);
     }
 
     /// The algorithm a reduce_scatter of `bytes` in all (count times the ranks) runs
@@ -134,7 +138,8 @@ public:
         }
         MPI_Comm sub = MPI_COMM_NULL;
         UNISON_CHECK_MPI(MPI_Comm_split(state_->comm, color, key, &sub), rank(), "split");
-        return mpi_communicator(std::make_unique<detail::mpi_rank_state>(sub, state_->options));
+        return mpi_communicator(
+            std::make_unique<detail::mpi_rank_state>(sub, state_->options, state_->node));
     }
 
 private:

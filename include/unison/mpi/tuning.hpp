@@ -12,6 +12,11 @@
 /// - recursive_doubling: the data rides the call check's own messages (handshake.hpp),
 ///   log2(n) exchanges of the whole buffer: the fewest messages, so the choice for
 ///   small buffers;
+/// - two_level: recursive doubling that knows the nodes (schedule.hpp): each node's
+///   ranks reduce into its lowest over a binomial tree, those leaders run recursive
+///   doubling, the result goes back down, all inside the call check as well; for
+///   small buffers over several nodes of several ranks each, whose NICs would
+///   otherwise carry every rank's message at every step;
 /// - rabenseifner (rabenseifner.hpp): recursive halving then doubling, the call check
 ///   riding the halving: 2 log2(n) messages and twice the data, for everything
 ///   larger;
@@ -141,9 +146,9 @@ constexpr std::size_t rabenseifner_min_bytes(int ranks, bool one_node) noexcept 
                         : many_ranks_rabenseifner_min_bytes;
 }
 
-/// The algorithm that carries an all-reduce of `bytes` over `ranks` ranks when
-/// none is forced; `one_node` when every rank shares memory with every other.
-constexpr algorithm all_reduce(std::size_t bytes, int ranks, bool one_node) noexcept {
+/// The algorithm by size and rank count alone, as if each rank were a node of its
+/// own unless `one_node` (every rank sharing memory with every other).
+constexpr algorithm all_reduce_by_size(std::size_t bytes, int ranks, bool one_node) noexcept {
     if (ranks <= 1) {
         return algorithm::recursive_doubling;
     }
@@ -165,6 +170,57 @@ constexpr algorithm all_reduce(std::size_t bytes, int ranks, bool one_node) noex
     }
     return bytes < rabenseifner_min_bytes(ranks, one_node) ? algorithm::recursive_doubling
                                                            : algorithm::rabenseifner;
+}
+
+// ---- Several nodes of several ranks each, measured in simulation (nodes of 8
+// ranks sharing one NIC, 16 to 64 ranks: 2 to 8 nodes; docs/performance.md,
+// "All-reduce at scale"). Every step of recursive doubling sends every rank's whole
+// buffer, and from the step at distance (ranks per node) on, all of a node's
+// messages cross its NIC at once; the two-level schedule sends one per node, for
+// 2 log2(ranks per node) more steps inside the node. Over MPI's best: recursive
+// doubling 1.06-1.08 at 1-4 KiB on 2 nodes, 1.06-1.20 on 4, 1.11-1.42 on 8;
+// two_level 1.11-1.18, 0.99-1.07 and 1.03-1.08. At 8-16 KiB two_level (0.81-0.99)
+// also beats Rabenseifner (1.03-1.65: its 2 log2(n) steps, each crossing the NIC
+// from every rank); at 32 KiB no longer (1.08-1.23 against 0.92-1.04).
+
+/// Several nodes holding more than one rank each: two_level where recursive
+/// doubling would run, from this many bytes on 2 nodes ...
+inline constexpr std::size_t two_nodes_two_level_min_bytes = 8 * 1024;
+/// ... on up to 4 ...
+inline constexpr std::size_t few_nodes_two_level_min_bytes = 2 * 1024;
+/// ... and on more.
+inline constexpr std::size_t many_nodes_two_level_min_bytes = 1024;
+/// Below this many bytes two_level runs where Rabenseifner would, too.
+inline constexpr std::size_t two_level_max_bytes = 32 * 1024;
+
+static_assert(many_nodes_two_level_min_bytes <= few_nodes_two_level_min_bytes &&
+                  few_nodes_two_level_min_bytes <= two_nodes_two_level_min_bytes &&
+                  two_nodes_two_level_min_bytes < two_level_max_bytes,
+              "the more nodes, the sooner two_level pays; each node count has a range");
+static_assert(many_ranks_rabenseifner_min_bytes < two_level_max_bytes,
+              "two_level takes over some of Rabenseifner's sizes");
+
+/// The smallest all-reduce, in bytes, that two_level carries over `nodes` nodes.
+constexpr std::size_t two_level_min_bytes(int nodes) noexcept {
+    return nodes <= 2   ? two_nodes_two_level_min_bytes
+           : nodes <= 4 ? few_nodes_two_level_min_bytes
+                        : many_nodes_two_level_min_bytes;
+}
+
+/// The algorithm that carries an all-reduce of `bytes` over `ranks` ranks when
+/// none is forced; `node_ranks` is the most ranks one node holds (`ranks` when
+/// every rank shares memory with every other, 1 with one rank per node).
+constexpr algorithm all_reduce(std::size_t bytes, int ranks, int node_ranks) noexcept {
+    const bool one_node = node_ranks >= ranks;
+    const algorithm flat = all_reduce_by_size(bytes, ranks, one_node);
+    if (one_node || node_ranks <= 1 ||
+        bytes < two_level_min_bytes((ranks + node_ranks - 1) / node_ranks)) {
+        return flat;
+    }
+    return flat == algorithm::recursive_doubling ||
+                   (flat == algorithm::rabenseifner && bytes < two_level_max_bytes)
+               ? algorithm::two_level
+               : flat;
 }
 
 } // namespace unison::mpi_tuning
@@ -204,15 +260,16 @@ constexpr algorithm mpi_reduce_scatter_algorithm(algorithm forced, std::size_t b
 }
 
 /// The algorithm the MPI backend runs for an all-reduce of `bytes` over `ranks`
-/// ranks (`one_node`: all of them sharing memory), `forced` being
+/// ranks (`node_ranks`: the most of them on one node), `forced` being
 /// comm_options::all_reduce_algorithm. One rank has nothing to exchange, whatever
 /// is forced: recursive doubling, which then only copies.
 constexpr algorithm mpi_all_reduce_algorithm(algorithm forced, std::size_t bytes, int ranks,
-                                             bool one_node) noexcept {
+                                             int node_ranks) noexcept {
     if (ranks <= 1) {
         return algorithm::recursive_doubling;
     }
-    return forced == algorithm::automatic ? mpi_tuning::all_reduce(bytes, ranks, one_node) : forced;
+    return forced == algorithm::automatic ? mpi_tuning::all_reduce(bytes, ranks, node_ranks)
+                                          : forced;
 }
 
 } // namespace unison

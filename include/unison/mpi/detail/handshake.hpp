@@ -34,6 +34,7 @@
 #include "unison/core/error.hpp"
 #include "unison/core/reduce_op.hpp"
 #include "unison/mpi/detail/mpi_check.hpp"
+#include "unison/mpi/detail/schedule.hpp"
 
 #include <mpi.h>
 
@@ -204,18 +205,20 @@ inline bool replaces(bool faulted, const mpi_call_fault& kept,
                          other, "sequence");
 }
 
-/// One handshake: the recursive-doubling schedule over `size` ranks (with the usual
-/// fold of the ranks beyond the largest power of two into their neighbours), the
-/// requests of the current step, and, for a fused all-reduce, the partial result.
+/// One handshake: its schedule (schedule.hpp: recursive doubling over `size` ranks,
+/// or the node-aware two-level one for an all-reduce that algorithm::two_level
+/// carries), the requests of the current step, and, for a fused all-reduce, the
+/// partial result.
 class mpi_handshake {
 public:
     /// Starts the handshake of `call` (the `sequence`-th collective, carried by
     /// `algo`) on `comm`, with messages tagged `tag`. With `fused`, `call` is an
-    /// all-reduce whose data rides along (recursive doubling) and whose result is
-    /// final once progress() returns true. `send_stage` and `recv_stage` are grown to
-    /// fit and must stay alive, unmoved, until then.
+    /// all-reduce whose data rides along (recursive doubling or two_level, over
+    /// `nodes`) and whose result is final once progress() returns true.
+    /// `send_stage` and `recv_stage` are grown to fit and must stay alive, unmoved,
+    /// until then.
     void start(MPI_Comm comm, int rank, int size, int tag, const collective_call& call,
-               std::uint64_t sequence, algorithm algo, bool fused,
+               std::uint64_t sequence, algorithm algo, bool fused, const node_layout& nodes,
                std::vector<std::byte>& send_stage, std::vector<std::byte>& recv_stage,
                const call_label* label) {
         comm_ = comm;
@@ -238,7 +241,13 @@ public:
         result_written_ = false;
         mine_ = mpi_call_header{signature_of(call), sequence, 0, static_cast<std::uint32_t>(algo),
                                 fused ? bytes() : 0};
-        plan();
+        if (fused && algo == algorithm::two_level) {
+            plan_two_level(rank, nodes, plan_);
+        } else {
+            plan_recursive_doubling(rank, size, plan_);
+        }
+        steps_ = plan_.size();
+        last_reduce_ = plan_.last_reduce();
         std::memcpy(send_, &mine_, mpi_header_bytes);
         if (fused_ && bytes() != 0) {
             std::memcpy(send_ + mpi_header_bytes, call.send, bytes());
@@ -253,7 +262,7 @@ public:
     /// every rank) when the calls differ.
     bool progress() {
         while (current_ < steps_) {
-            const step& s = plan_[static_cast<std::size_t>(current_)];
+            const exchange_step& s = plan_[current_];
             int flag = 0;
             if (s.recv && !first_arrived_) {
                 // Post the receive of a second message, if the peer's header announces
@@ -304,7 +313,7 @@ public:
         if (current_ >= steps_) {
             return -1;
         }
-        const step& s = plan_[static_cast<std::size_t>(current_)];
+        const exchange_step& s = plan_[current_];
         return s.recv ? s.peer : -1;
     }
 
@@ -334,54 +343,12 @@ public:
     }
 
 private:
-    struct step {
-        int peer = -1;
-        bool send = false;
-        bool recv = false;
-        bool reduce = false; ///< fold the received data into the partial result
-        bool final = false;  ///< the received data is the result (from the folding partner)
-    };
-
     std::size_t bytes() const noexcept { return call_->count * size_of(call_->type); }
-
-    /// The schedule (MPICH's recursive doubling): p = the largest power of two <= size,
-    /// rem = size - p. Of the first 2 rem ranks, each even one hands its data to the
-    /// odd one after it and gets the result back at the end; the other p ranks
-    /// exchange with the partner at distance 1, 2, 4, ... in their own numbering.
-    void plan() {
-        steps_ = 0;
-        last_reduce_ = -1;
-        const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(size_)));
-        const int rem = size_ - p;
-        if (rank_ < 2 * rem && rank_ % 2 == 0) {
-            add({rank_ + 1, true, true, false, true});
-            return;
-        }
-        if (rank_ < 2 * rem) {
-            add({rank_ - 1, false, true, true, false});
-        }
-        const int me = rank_ < 2 * rem ? rank_ / 2 : rank_ - rem;
-        for (int mask = 1; mask < p; mask <<= 1) {
-            const int partner = me ^ mask;
-            add({partner < rem ? partner * 2 + 1 : partner + rem, true, true, true, false});
-        }
-        if (rank_ < 2 * rem) {
-            add({rank_ - 1, true, false, false, false});
-        }
-        // The last reduction writes the result; a rank that passes it on keeps it in
-        // its send stage too.
-        for (int i = 0; i < steps_; ++i) {
-            if (plan_[static_cast<std::size_t>(i)].reduce) {
-                last_reduce_ = i;
-            }
-        }
-    }
-    void add(step s) { plan_[static_cast<std::size_t>(steps_++)] = s; }
 
     /// Posts the current step: the receive of the peer's first message, and this
     /// rank's message, in two parts when its data does not fit in the first.
     void post() {
-        const step& s = plan_[static_cast<std::size_t>(current_)];
+        const exchange_step& s = plan_[current_];
         recvs_.clear();
         sends_.clear();
         first_arrived_ = false;
@@ -420,7 +387,7 @@ private:
     /// that one is received whatever else the header says (into staging grown to its
     /// announced size), so that no message of this call is left behind for a later
     /// call to match.
-    void receive_first(const step& s, const MPI_Status& status) {
+    void receive_first(const exchange_step& s, const MPI_Status& status) {
         int got = 0;
         MPI_Get_count(&status, MPI_BYTE, &got);
         const auto n = static_cast<std::size_t>(got);
@@ -452,7 +419,7 @@ private:
     }
 
     /// The peer's whole message is here: compare the calls, then reduce its data.
-    void receive(const step& s) {
+    void receive(const exchange_step& s) {
         const mpi_call_header& theirs = theirs_;
         const std::size_t n = first_bytes_;
         if (theirs.faulted != 0 && n >= mpi_header_bytes + sizeof(mpi_call_fault)) {
@@ -479,6 +446,9 @@ private:
         std::byte* partial = send_ + mpi_header_bytes;
         const std::byte* arrived = recv_ + mpi_header_bytes;
         if (s.final) {
+            if (current_ + 1 < steps_) {
+                std::memcpy(partial, arrived, bytes()); // passed on down the tree
+            }
             std::memcpy(c.recv, arrived, bytes());
             result_written_ = true;
             return;
@@ -520,7 +490,7 @@ private:
     bool faulted_ = false;
     bool result_written_ = false;
     mpi_call_fault fault_;
-    std::array<step, 66> plan_{}; ///< at most 2 + log2(INT_MAX) steps
+    exchange_plan plan_;
     int steps_ = 0, current_ = 0, last_reduce_ = -1;
     std::vector<std::byte>* recv_stage_ = nullptr;
     /// Receives of the peer's first message and the rest of it, sends of this rank's.

@@ -52,23 +52,20 @@ class mpi_operation;
 /// Everything one MPI communicator owns; requests point at it.
 class mpi_rank_state {
 public:
-    /// Collective over `comm` (the side channel duplicates it).
-    mpi_rank_state(MPI_Comm comm, comm_options o)
+    /// Collective over `comm` (the side channel duplicates it). `parent_node`, when
+    /// not negative, names this rank's node (a split keeps its parent's nodes).
+    mpi_rank_state(MPI_Comm comm, comm_options o, int parent_node = -1)
         : comm(comm), options(o), forced(mpi_forced_algorithm(o)), peers_(comm) {
         MPI_Comm_rank(comm, &rank);
         MPI_Comm_size(comm, &size);
         MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-        // The tuning tells one node (shared memory between every pair) from several.
-        // Every rank sees the same answer: one node holds all ranks or none does.
-        MPI_Comm local = MPI_COMM_NULL;
-        int local_size = 0;
-        if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local) ==
-                MPI_SUCCESS &&
-            local != MPI_COMM_NULL) {
-            MPI_Comm_size(local, &local_size);
-            MPI_Comm_free(&local);
+        try {
+            find_nodes(parent_node);
+        } catch (...) { // options that differ across ranks: nothing to keep
+            peers_.close(/*leak=*/false);
+            MPI_Comm_free(&this->comm);
+            throw;
         }
-        one_node = local_size == size;
     }
     mpi_rank_state(const mpi_rank_state&) = delete;
     mpi_rank_state& operator=(const mpi_rank_state&) = delete;
@@ -148,7 +145,9 @@ public:
     MPI_Comm comm;
     int rank = 0;
     int size = 1;
-    bool one_node = false; ///< every rank on one node (shared memory)
+    int node = 0;          ///< this rank's node's name (find_nodes)
+    node_layout nodes;     ///< which ranks share a node (memory), the same on every rank
+    bool one_node = false; ///< every rank on one node
     comm_options options;
     algorithm forced; ///< the all-reduce algorithm options force (mpi_forced_algorithm)
     mpi_half_ops half_ops;
@@ -168,6 +167,48 @@ private:
 
     /// Where this rank is, for a peer that asks.
     mpi_peer_report report() const noexcept;
+
+    /// Sets `node`, `nodes` and `one_node`: the tuning tells one node from several,
+    /// and the two-level all-reduce follows the nodes. A node is what
+    /// MPI_Comm_split_type (MPI_COMM_TYPE_SHARED) groups, named by its lowest rank,
+    /// or, with options.ranks_per_node = k, each block of k consecutive ranks, or
+    /// the parent's node (`given`) for a split. The names are all-gathered, so every
+    /// rank sees the same layout; ranks that pass different ranks_per_node get an
+    /// argument_error naming one that differs.
+    void find_nodes(int given) {
+        node = rank; // collective calls alike on every rank, whatever its options
+        MPI_Comm local = MPI_COMM_NULL;
+        if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local) ==
+                MPI_SUCCESS &&
+            local != MPI_COMM_NULL) {
+            MPI_Allreduce(&rank, &node, 1, MPI_INT, MPI_MIN, local);
+            MPI_Comm_free(&local);
+        }
+        if (given >= 0) {
+            node = given;
+        } else if (options.ranks_per_node > 0) {
+            node = rank / options.ranks_per_node;
+        }
+        const int mine[2] = {node, options.ranks_per_node};
+        std::vector<int> all(2 * static_cast<std::size_t>(size));
+        UNISON_CHECK_MPI(MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm), rank,
+                         "mpi_communicator");
+        std::vector<int> node_of(static_cast<std::size_t>(size));
+        for (int r = 0; r < size; ++r) {
+            const int theirs = all[2 * static_cast<std::size_t>(r) + 1];
+            if (theirs != options.ranks_per_node) {
+                throw argument_error(rank, "mpi_communicator",
+                                     "comm_options::ranks_per_node (UNISON_RANKS_PER_NODE) is " +
+                                         std::to_string(options.ranks_per_node) +
+                                         " on this rank but " + std::to_string(theirs) +
+                                         " on rank " + std::to_string(r) +
+                                         "; every rank must pass the same");
+            }
+            node_of[static_cast<std::size_t>(r)] = all[2 * static_cast<std::size_t>(r)];
+        }
+        nodes = node_layout::of(node_of, rank);
+        one_node = nodes.one_node(size);
+    }
 
     template <class Seq>
     static void erase_from(Seq& seq, mpi_operation* op) noexcept {
@@ -300,7 +341,7 @@ public:
         const bool reduces = c.op == operation::all_reduce;
         if (reduces) {
             algorithm_ = mpi_all_reduce_algorithm(state_.forced, c.count * size_of(c.type),
-                                                  state_.size, state_.one_node);
+                                                  state_.size, state_.nodes.node_ranks);
         } else if (c.op == operation::reduce_scatter) { // announced in the header too
             algorithm_ = mpi_reduce_scatter_algorithm(
                 state_.forced, c.count * size_of(c.type) * static_cast<std::size_t>(state_.size),
@@ -310,7 +351,8 @@ public:
         } else {
             algorithm_ = algorithm::automatic;
         }
-        fused_ = reduces && algorithm_ == algorithm::recursive_doubling;
+        fused_ = reduces && (algorithm_ == algorithm::recursive_doubling ||
+                             algorithm_ == algorithm::two_level);
         if (!c.pieces.empty()) {
             stage_pieces(algorithm_ != algorithm::ring);
         }
@@ -327,7 +369,7 @@ public:
         }
         phase_ = phase::handshake;
         handshake_.start(state_.comm, state_.rank, state_.size, handshake_tag, c, sequence_,
-                         algorithm_, fused_, send_stage_, recv_stage_, &label_);
+                         algorithm_, fused_, state_.nodes, send_stage_, recv_stage_, &label_);
         if (ordered_) {
             state_.queue_post(this);
         }

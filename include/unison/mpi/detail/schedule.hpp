@@ -1,0 +1,164 @@
+#pragma once
+
+/// \file
+/// The schedules of the MPI backend's checked exchange (handshake.hpp): for one
+/// rank, the peer each step sends to and receives from, and what the received data
+/// is for. Two schedules: recursive doubling over every rank (with the usual fold
+/// of the ranks beyond the largest power of two), and the node-aware two-level one
+/// (a binomial tree inside each node up to its lowest rank, recursive doubling
+/// among those leaders, the tree back down). They are plain functions of the rank
+/// and of which ranks share a node, with no MPI in them, so that a test can run
+/// every rank's schedule in one process and check that the messages pair up and
+/// that every result holds every rank's data once.
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace unison::detail {
+
+/// Which ranks share a node, as one rank sees it.
+struct node_layout {
+    std::vector<int> members; ///< the ranks on this rank's node, ascending
+    std::vector<int> leaders; ///< the lowest rank of every node, ascending
+    int node_ranks = 1;       ///< the most ranks any node holds
+
+    /// The layout that rank `rank` sees when rank r's node is named `node_of[r]`
+    /// (any value; equal values share a node).
+    static node_layout of(std::span<const int> node_of, int rank) {
+        node_layout l;
+        std::unordered_map<int, int> count;
+        for (std::size_t r = 0; r < node_of.size(); ++r) {
+            const int key = node_of[r];
+            if (count[key]++ == 0) {
+                l.leaders.push_back(static_cast<int>(r));
+            }
+            l.node_ranks = std::max(l.node_ranks, count[key]);
+            if (key == node_of[static_cast<std::size_t>(rank)]) {
+                l.members.push_back(static_cast<int>(r));
+            }
+        }
+        return l;
+    }
+    /// Every rank on one node.
+    bool one_node(int size) const noexcept { return node_ranks >= size; }
+};
+
+/// One step of a checked exchange: this rank's message to `peer`, the peer's
+/// message to it, or both, posted together.
+struct exchange_step {
+    int peer = -1;
+    bool send = false;
+    bool recv = false;
+    bool reduce = false; ///< fold the received data into the partial result
+    bool final = false;  ///< the received data is the result (and passes on from here)
+};
+
+/// A rank's steps, in order.
+class exchange_plan {
+public:
+    /// Up the tree, the fold, recursive doubling and down the tree, for any int
+    /// rank count: at most 31 + 2 + 31 + 31 steps.
+    static constexpr int capacity = 128;
+
+    void clear() noexcept { size_ = 0; }
+    void add(exchange_step s) noexcept { steps_[static_cast<std::size_t>(size_++)] = s; }
+    int size() const noexcept { return size_; }
+    const exchange_step& operator[](int i) const noexcept {
+        return steps_[static_cast<std::size_t>(i)];
+    }
+    /// The step whose reduction completes this rank's result, or -1 when the result
+    /// arrives whole (a final step comes after the last reduction, or none reduces).
+    int last_reduce() const noexcept {
+        int last = -1;
+        for (int i = 0; i < size_; ++i) {
+            if (steps_[static_cast<std::size_t>(i)].final) {
+                last = -1;
+            } else if (steps_[static_cast<std::size_t>(i)].reduce) {
+                last = i;
+            }
+        }
+        return last;
+    }
+
+private:
+    std::array<exchange_step, capacity> steps_{};
+    int size_ = 0;
+};
+
+/// Appends recursive doubling (MPICH's) among `count` participants, this rank being
+/// participant `me` and participant i rank `rank_of(i)`: p = the largest power of
+/// two <= count, rem = count - p. Of the first 2 rem participants, each even one
+/// hands its data to the odd one after it and gets the result back at the end; the
+/// other p exchange with the partner at distance 1, 2, 4, ... in their own
+/// numbering.
+template <class RankOf>
+void add_recursive_doubling(int me, int count, RankOf rank_of, exchange_plan& plan) {
+    const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(count)));
+    const int rem = count - p;
+    if (me < 2 * rem && me % 2 == 0) {
+        plan.add({rank_of(me + 1), true, true, false, true});
+        return;
+    }
+    if (me < 2 * rem) {
+        plan.add({rank_of(me - 1), false, true, true, false});
+    }
+    const int v = me < 2 * rem ? me / 2 : me - rem;
+    for (int mask = 1; mask < p; mask <<= 1) {
+        const int partner = v ^ mask;
+        plan.add(
+            {rank_of(partner < rem ? partner * 2 + 1 : partner + rem), true, true, true, false});
+    }
+    if (me < 2 * rem) {
+        plan.add({rank_of(me - 1), true, false, false, false});
+    }
+}
+
+/// Recursive doubling over ranks 0 .. size - 1.
+inline void plan_recursive_doubling(int rank, int size, exchange_plan& plan) {
+    plan.clear();
+    add_recursive_doubling(
+        rank, size, [](int i) { return i; }, plan);
+}
+
+/// The two-level schedule of `rank` over `nodes`: inside its node, a binomial tree
+/// of the node's ranks (in ascending order, index i) reduces into the lowest: at
+/// distance 1, 2, 4, ... an index with that bit set sends its partial result to
+/// the index below and waits for the result; one without receives and folds.
+/// The node's lowest ranks (one per node) then run recursive doubling among
+/// themselves, and the result goes back down the same tree, the farthest child
+/// first. Only the leaders' messages cross between nodes, one per node and step.
+inline void plan_two_level(int rank, const node_layout& nodes, exchange_plan& plan) {
+    plan.clear();
+    const std::vector<int>& m = nodes.members;
+    const int n = static_cast<int>(m.size());
+    const int me = static_cast<int>(std::find(m.begin(), m.end(), rank) - m.begin()); // in the node
+    int mask = 1;
+    for (; mask < n; mask <<= 1) {
+        if ((me & mask) != 0) {
+            plan.add({m[static_cast<std::size_t>(me - mask)], true, true, false, true});
+            break;
+        }
+        if (me + mask < n) {
+            plan.add({m[static_cast<std::size_t>(me + mask)], false, true, true, false});
+        }
+    }
+    if (me == 0) {
+        const std::vector<int>& l = nodes.leaders;
+        const int at = static_cast<int>(std::find(l.begin(), l.end(), rank) - l.begin());
+        add_recursive_doubling(
+            at, static_cast<int>(l.size()), [&](int i) { return l[static_cast<std::size_t>(i)]; },
+            plan);
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1) {
+        if (me + mask < n) {
+            plan.add({m[static_cast<std::size_t>(me + mask)], true, false, false, false});
+        }
+    }
+}
+
+} // namespace unison::detail
