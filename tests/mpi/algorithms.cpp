@@ -168,7 +168,7 @@ TEST_CASE("mpi all-reduce: two_level over nodes of 1, 2 and 3 ranks gives the se
             CHECK(comm.node_ranks() == std::min(per, n));
             CHECK(comm.one_node() == (per >= n));
             const bool tuned_two_level = per > 1 && per < n;
-            CHECK((comm.all_reduce_algorithm(4096) == unison::algorithm::two_level) ==
+            CHECK((comm.all_reduce_algorithm(16384) == unison::algorithm::two_level) ==
                   (tuned_two_level || (a == unison::algorithm::two_level && n > 1)));
             check_algorithm<float>(comm);
             // A split keeps its parent's nodes: the even ranks, in nodes by the parent's.
