@@ -110,10 +110,18 @@ struct mpi_call_fault {
 inline constexpr std::size_t mpi_header_bytes = sizeof(mpi_call_header);
 /// The first message of a step carries the header and at most this many bytes in
 /// all; data beyond it follows in a second message. Transports send a message up
-/// to some size at once and a larger one only after a round trip (Open MPI over
-/// shared memory: 4 KiB including its own headers), so the header must not push a
-/// 4 KiB all-reduce past it (measured: 3x slower at 4 KiB; docs/performance.md).
+/// to some size at once and a larger one only after a round trip: Open MPI over
+/// shared memory sends 4 KiB including its own headers, so there the header must
+/// not push a 4 KiB all-reduce past it (measured: 3x slower at 4 KiB;
+/// docs/performance.md), and a 4 KiB call takes two messages. Other MPIs send more
+/// at once (MPICH's shared-memory cells hold 64 KiB; SimGrid's SMPI as the
+/// simulation sets it, 64 KiB), and there a step of up to 16000 bytes is one
+/// message (in simulation, 4 KiB on one node took 1.6x MPI's time in two).
+#ifdef OMPI_MAJOR_VERSION
 inline constexpr std::size_t mpi_first_message_bytes = 4000;
+#else
+inline constexpr std::size_t mpi_first_message_bytes = 16000;
+#endif
 /// The largest single message: data beyond the first message travels as messages
 /// of at most this many bytes, so that every count fits MPI's int.
 inline constexpr std::size_t mpi_message_max_bytes = std::size_t{1} << 30;
@@ -267,14 +275,26 @@ public:
             if (s.recv && !first_arrived_) {
                 // Post the receive of a second message, if the peer's header announces
                 // one, before waiting for this rank's own sends: a large send may
-                // complete only once the peer has posted its receive.
-                MPI_Status status;
-                UNISON_CHECK_MPI(MPI_Test(&recvs_[0], &flag, &status), rank_, label_->str());
+                // complete only once the peer has posted its receive. When this
+                // rank's message is one (small calls), one MPI call per poll tests it
+                // with the peer's first message: polls are what small steps cost.
+                std::array<MPI_Request, 2> both = {recvs_[0], MPI_REQUEST_NULL};
+                const int tested = sends_.size() == 1 ? 2 : 1;
+                if (tested == 2) {
+                    both[1] = sends_[0];
+                }
+                std::array<MPI_Status, 2> status;
+                UNISON_CHECK_MPI(MPI_Testall(tested, both.data(), &flag, status.data()), rank_,
+                                 label_->str());
+                recvs_[0] = both[0];
+                if (tested == 2) {
+                    sends_[0] = both[1];
+                }
                 if (flag == 0) {
                     return false;
                 }
                 first_arrived_ = true;
-                receive_first(s, status);
+                receive_first(s, status[0]);
             }
             if (!test_all(recvs_) || !test_all(sends_)) {
                 return false;
@@ -375,7 +395,12 @@ private:
         }
     }
 
+    /// True once `requests` are complete; no MPI call when they are already.
     bool test_all(std::vector<MPI_Request>& requests) const {
+        if (std::all_of(requests.begin(), requests.end(),
+                        [](MPI_Request r) { return r == MPI_REQUEST_NULL; })) {
+            return true;
+        }
         int flag = 0;
         UNISON_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag,
                                      MPI_STATUSES_IGNORE),
