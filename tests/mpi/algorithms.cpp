@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -324,40 +325,44 @@ TEST_CASE("mpi all-reduce: Rabenseifner checks the call as it goes and loses not
     CHECK(x.back() == static_cast<float>(n * (n + 1) / 2));
 }
 
-TEST_CASE("mpi all-reduce: ranks forcing different algorithms fail alike") {
-    const int rank = [] {
-        int r = 0;
-        MPI_Comm_rank(MPI_COMM_WORLD, &r);
-        return r;
-    }();
-    int n = 1;
+TEST_CASE("mpi all-reduce: ranks forcing different algorithms are refused before any call") {
+    int rank = 0, n = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     if (n < 2) {
         return;
     }
-    // Rank 0 against the others, for each pair that Rabenseifner meets: a handshake
-    // that carries data (recursive doubling), one that carries none (ring, native).
-    for (unison::algorithm other : {unison::algorithm::recursive_doubling, unison::algorithm::ring,
-                                    unison::algorithm::native}) {
-        for (std::size_t count : {std::size_t{100}, std::size_t{30000}}) {
-            CAPTURE(unison::to_string(other));
-            CAPTURE(count);
-            auto comm = forced(rank == 0 ? other : unison::algorithm::rabenseifner);
-            std::vector<float> in(count, 1.0f), out(count, -1.0f);
-            std::string field, message;
-            try {
-                unison::all_reduce(comm, in, out);
-            } catch (const unison::mismatch_error& e) {
-                field = e.field();
-                message = e.what();
-            }
-            CHECK(field == "algorithm");
-            CHECK(message.find("rabenseifner") != std::string::npos);
-            CHECK(out == std::vector<float>(count, -1.0f));
-            // Still usable: nothing of the failed call is left to meet the next one.
-            std::vector<float> root_data(count, rank == 0 ? 3.5f : 0.0f);
-            unison::broadcast(comm, root_data, 0);
-            CHECK(root_data == std::vector<float>(count, 3.5f));
+    // Rank 0 against the others: schedules that would meet (Rabenseifner's, which
+    // carries the check at the handshake's partners) and ones that would not
+    // (two_level's tree against recursive doubling's fold at 3 ranks waited for
+    // each other until the timeout): every rank throws when the communicator is
+    // made, naming both algorithms.
+    using unison::algorithm;
+    const std::pair<algorithm, algorithm> pairs[] = {
+        {algorithm::recursive_doubling, algorithm::rabenseifner},
+        {algorithm::ring, algorithm::rabenseifner},
+        {algorithm::native, algorithm::rabenseifner},
+        {algorithm::two_level, algorithm::recursive_doubling},
+        {algorithm::recursive_doubling, algorithm::two_level},
+        {algorithm::automatic, algorithm::ring}};
+    for (const auto& [first, others] : pairs) {
+        CAPTURE(unison::to_string(first));
+        CAPTURE(unison::to_string(others));
+        std::string message;
+        try {
+            (void)forced(rank == 0 ? first : others);
+        } catch (const unison::argument_error& e) {
+            message = e.what();
         }
+        const std::string mine(unison::to_string(rank == 0 ? first : others));
+        const std::string theirs(unison::to_string(rank == 0 ? others : first));
+        CHECK(message.find("UNISON_ALGORITHM") != std::string::npos);
+        CHECK(message.find("is " + mine + " on this rank but " + theirs + " on rank " +
+                           (rank == 0 ? "1" : "0")) != std::string::npos);
     }
+    // Agreeing, they work.
+    auto comm = forced(algorithm::two_level);
+    std::vector<float> x(100, static_cast<float>(rank + 1));
+    unison::all_reduce(comm, x);
+    CHECK(x.front() == static_cast<float>(n * (n + 1) / 2));
 }

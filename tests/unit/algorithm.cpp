@@ -160,3 +160,22 @@ TEST_CASE("mpi tuning: the reduce_scatter runs the direct exchange on one node, 
               algorithm::native);
     }
 }
+
+TEST_CASE("UNISON_RANKS_PER_NODE must be a positive number") {
+    ::setenv("UNISON_RANKS_PER_NODE", "8", 1);
+    CHECK(unison::comm_options::from_env().ranks_per_node == 8);
+    for (const char* bad : {"0", "-2", "eight", "8x", "99999999999"}) {
+        ::setenv("UNISON_RANKS_PER_NODE", bad, 1);
+        std::string message;
+        try {
+            (void)unison::comm_options::from_env();
+        } catch (const unison::argument_error& e) {
+            message = e.what();
+        }
+        CAPTURE(bad);
+        CHECK(message.find("UNISON_RANKS_PER_NODE") != std::string::npos);
+        CHECK(message.find("'" + std::string(bad) + "'") != std::string::npos);
+    }
+    ::unsetenv("UNISON_RANKS_PER_NODE");
+    CHECK(unison::comm_options::from_env().ranks_per_node == 0);
+}

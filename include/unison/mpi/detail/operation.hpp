@@ -173,8 +173,11 @@ private:
     /// MPI_Comm_split_type (MPI_COMM_TYPE_SHARED) groups, named by its lowest rank,
     /// or, with options.ranks_per_node = k, each block of k consecutive ranks, or
     /// the parent's node (`given`) for a split. The names are all-gathered, so every
-    /// rank sees the same layout; ranks that pass different ranks_per_node get an
-    /// argument_error naming one that differs.
+    /// rank sees the same layout, and with them the options every rank must share
+    /// (ranks_per_node, all_reduce_algorithm, deterministic): ranks whose schedules
+    /// would differ could wait for each other until the timeout, so options that
+    /// differ are an argument_error on every rank, naming a rank that differs, before
+    /// any call.
     void find_nodes(int given) {
         node = rank; // collective calls alike on every rank, whatever its options
         MPI_Comm local = MPI_COMM_NULL;
@@ -189,22 +192,39 @@ private:
         } else if (options.ranks_per_node > 0) {
             node = rank / options.ranks_per_node;
         }
-        const int mine[2] = {node, options.ranks_per_node};
-        std::vector<int> all(2 * static_cast<std::size_t>(size));
-        UNISON_CHECK_MPI(MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm), rank,
-                         "mpi_communicator");
+        constexpr std::size_t fields = 4;
+        const int mine[fields] = {node, options.ranks_per_node, options.deterministic ? 1 : 0,
+                                  static_cast<int>(forced)};
+        std::vector<int> all(fields * static_cast<std::size_t>(size));
+        UNISON_CHECK_MPI(MPI_Allgather(mine, fields, MPI_INT, all.data(), fields, MPI_INT, comm),
+                         rank, "mpi_communicator");
         std::vector<int> node_of(static_cast<std::size_t>(size));
         for (int r = 0; r < size; ++r) {
-            const int theirs = all[2 * static_cast<std::size_t>(r) + 1];
-            if (theirs != options.ranks_per_node) {
+            const int* theirs = all.data() + fields * static_cast<std::size_t>(r);
+            const auto differs = [&](const std::string& option, const std::string& here,
+                                     const std::string& there) {
                 throw argument_error(rank, "mpi_communicator",
-                                     "comm_options::ranks_per_node (UNISON_RANKS_PER_NODE) is " +
-                                         std::to_string(options.ranks_per_node) +
-                                         " on this rank but " + std::to_string(theirs) +
+                                     option + " is " + here + " on this rank but " + there +
                                          " on rank " + std::to_string(r) +
                                          "; every rank must pass the same");
+            };
+            const auto on = [](int v) { return std::string(v != 0 ? "on" : "off"); };
+            const auto name = [](int a) {
+                return std::string(to_string(static_cast<algorithm>(a)));
+            };
+            if (theirs[1] != mine[1]) {
+                differs("comm_options::ranks_per_node (UNISON_RANKS_PER_NODE)",
+                        std::to_string(mine[1]), std::to_string(theirs[1]));
             }
-            node_of[static_cast<std::size_t>(r)] = all[2 * static_cast<std::size_t>(r)];
+            if (theirs[2] != mine[2]) {
+                differs("comm_options::deterministic (UNISON_DETERMINISTIC)", on(mine[2]),
+                        on(theirs[2]));
+            }
+            if (theirs[3] != mine[3]) {
+                differs("comm_options::all_reduce_algorithm (UNISON_ALGORITHM)", name(mine[3]),
+                        name(theirs[3]));
+            }
+            node_of[static_cast<std::size_t>(r)] = theirs[0];
         }
         nodes = node_layout::of(node_of, rank);
         one_node = nodes.one_node(size);
