@@ -1,10 +1,17 @@
-// Times unison's all-reduce on the MPI backend against the MPI's own MPI_Allreduce
-// on the same buffers, size by size: the program bench/simulation/simulate.sh
-// builds with SimGrid's smpicxx and runs under smpirun on simulated clusters (it
-// builds and runs under a real MPI too).
+// Times unison's all-reduce (or reduce_scatter, or all_gather) on the MPI backend
+// against the MPI's own call on the same buffers, size by size: the program
+// bench/simulation/simulate.sh builds with SimGrid's smpicxx and runs under
+// smpirun on simulated clusters (it builds and runs under a real MPI too).
 //
-//   allreduce_sim [-b bytes] [-e bytes] [-f factor] [-n iters] [-i bytes] [-w warmup]
-//                 [-a algorithm,...] [--shared] [--no-check]
+//   allreduce_sim [-c collective] [-b bytes] [-e bytes] [-f factor] [-n iters]
+//                 [-i bytes] [-w warmup] [-a algorithm,...] [--shared] [--no-check]
+//
+// -c all_reduce (default), reduce_scatter or all_gather; a size is the whole
+// buffer, as nccl-tests count it: a reduce_scatter's input and an all_gather's
+// output, each rank's block being size / ranks (MPI_Reduce_scatter_block and
+// MPI_Allgather the MPI's calls). A forced algorithm reaches the reduce_scatter
+// as comm_options::all_reduce_algorithm does (native and rank_ordered; the rest
+// leave the tuning's choice) and the all_gather not at all.
 //
 // For each size, each of unison's algorithms named by -a (automatic, the tuning's
 // choice, by default; `all` for every one, `none` for MPI's alone) and then
@@ -18,8 +25,9 @@
 //
 // Output, one CSV row per size and algorithm (rank 0):
 //   ranks,bytes,algorithm,chosen,us,correct
-// where `chosen` is the algorithm that ran (automatic's pick), and `us` for the row
-// algorithm "mpi" is MPI_Allreduce's time.
+// where `chosen` is the algorithm that ran (automatic's pick; native for an
+// all_gather, which posts MPI_Iallgather after the check), and `us` for the row
+// algorithm "mpi" is the MPI call's time.
 
 #include <unison/comm/collectives.hpp>
 #include <unison/mpi/mpi_communicator.hpp>
@@ -34,13 +42,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace {
 
+enum class collective { all_reduce, reduce_scatter, all_gather };
+
 struct options {
+    collective op = collective::all_reduce;
     std::size_t min_bytes = 8;
     std::size_t max_bytes = 16u << 20;
     double factor = 8;
@@ -109,7 +121,20 @@ options parse(int argc, char** argv) {
             }
             return argv[++i];
         };
-        if (a == "-b") {
+        if (a == "-c") {
+            const std::string_view c = value();
+            if (c == "all_reduce") {
+                o.op = collective::all_reduce;
+            } else if (c == "reduce_scatter") {
+                o.op = collective::reduce_scatter;
+            } else if (c == "all_gather") {
+                o.op = collective::all_gather;
+            } else {
+                throw std::invalid_argument(
+                    "-c takes all_reduce, reduce_scatter or all_gather, not '" + std::string(c) +
+                    "'");
+            }
+        } else if (a == "-b") {
             o.min_bytes = parse_bytes(value());
         } else if (a == "-e") {
             o.max_bytes = parse_bytes(value());
@@ -190,18 +215,25 @@ float input_value(int rank, std::size_t i) {
                               8);
 }
 
-/// Whether `out` holds the sum over `ranks` ranks (the inputs repeat every 17
-/// elements, so the serial sums are 17 values).
-bool check(buffer& out, int ranks) {
-    double expect[17] = {};
-    for (std::size_t i = 0; i < 17; ++i) {
-        for (int r = 0; r < ranks; ++r) {
-            expect[i] += input_value(r, i);
-        }
-    }
+/// Whether `out` holds rank `rank`'s result of `op` over `ranks` ranks: the sums
+/// of every rank's input (at this rank's block, for a reduce_scatter), or every
+/// rank's block in rank order (an all_gather).
+bool check(collective op, buffer& out, int rank, int ranks) {
     const float* o = out.data();
+    const std::size_t block = out.size() / static_cast<std::size_t>(ranks);
     for (std::size_t i = 0; i < out.size(); ++i) {
-        if (static_cast<double>(o[i]) != expect[i % 17]) {
+        double expect = 0;
+        if (op == collective::all_gather) {
+            expect = input_value(static_cast<int>(i / block), i % block);
+        } else {
+            const std::size_t at = op == collective::reduce_scatter
+                                       ? static_cast<std::size_t>(rank) * out.size() + i
+                                       : i;
+            for (int r = 0; r < ranks; ++r) {
+                expect += input_value(r, at);
+            }
+        }
+        if (static_cast<double>(o[i]) != expect) {
             return false;
         }
     }
@@ -223,11 +255,19 @@ int main(int argc, char** argv) {
         }
         for (double b = static_cast<double>(o.min_bytes); b <= static_cast<double>(o.max_bytes);
              b *= o.factor) {
-            const std::size_t count = static_cast<std::size_t>(b) / sizeof(float);
-            const std::size_t bytes = count * sizeof(float);
-            buffer in(count, o.shared), out(count, o.shared);
+            // A reduce_scatter's or all_gather's size is whole blocks of ranks.
+            const std::size_t n = static_cast<std::size_t>(ranks);
+            const std::size_t whole = static_cast<std::size_t>(b) / sizeof(float);
+            const std::size_t count = o.op == collective::all_reduce ? whole : whole / n * n;
+            if (count == 0) {
+                continue;
+            }
+            const std::size_t bytes = count * sizeof(float), block = count / n;
+            const std::size_t in_count = o.op == collective::all_gather ? block : count;
+            const std::size_t out_count = o.op == collective::reduce_scatter ? block : count;
+            buffer in(in_count, o.shared), out(out_count, o.shared);
             if (!o.shared) {
-                for (std::size_t i = 0; i < count; ++i) {
+                for (std::size_t i = 0; i < in_count; ++i) {
                     in.data()[i] = input_value(rank, i);
                 }
             }
@@ -242,7 +282,7 @@ int main(int argc, char** argv) {
                     call();
                 }
                 if (o.check) {
-                    std::memset(out.data(), 0, bytes);
+                    std::memset(out.data(), 0, out_count * sizeof(float));
                 }
                 MPI_Barrier(MPI_COMM_WORLD);
                 const double t0 = MPI_Wtime();
@@ -250,7 +290,7 @@ int main(int argc, char** argv) {
                     call();
                 }
                 const double total = MPI_Wtime() - t0;
-                const bool ok = !o.check || check(out, ranks);
+                const bool ok = !o.check || check(o.op, out, rank, ranks);
                 double mean = total / iters, slowest = 0;
                 int ok_all = ok ? 1 : 0, ok_min = 0;
                 MPI_Reduce(&mean, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
@@ -262,11 +302,21 @@ int main(int argc, char** argv) {
                 unison::comm_options co = unison::comm_options::from_env();
                 co.all_reduce_algorithm = a;
                 unison::mpi_communicator comm(MPI_COMM_WORLD, co);
+                const std::span<const float> input(in.data(), in_count);
                 const auto [us, ok] = time([&] {
-                    unison::all_reduce(comm, std::span<const float>(in.data(), count), out.span());
+                    if (o.op == collective::all_reduce) {
+                        unison::all_reduce(comm, input, out.span());
+                    } else if (o.op == collective::reduce_scatter) {
+                        unison::reduce_scatter(comm, input, out.span());
+                    } else {
+                        unison::all_gather(comm, input, out.span());
+                    }
                 });
                 if (rank == 0) {
-                    const auto chosen = comm.all_reduce_algorithm(bytes);
+                    const auto chosen =
+                        o.op == collective::all_reduce       ? comm.all_reduce_algorithm(bytes)
+                        : o.op == collective::reduce_scatter ? comm.reduce_scatter_algorithm(bytes)
+                                                             : unison::algorithm::native;
                     std::printf("%d,%zu,%s,%s,%.3f,%s\n", ranks, bytes,
                                 std::string(unison::to_string(a)).c_str(),
                                 std::string(unison::to_string(chosen)).c_str(), us,
@@ -274,8 +324,16 @@ int main(int argc, char** argv) {
                 }
             }
             const auto [us, ok] = time([&] {
-                MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                              MPI_COMM_WORLD);
+                if (o.op == collective::all_reduce) {
+                    MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT,
+                                  MPI_SUM, MPI_COMM_WORLD);
+                } else if (o.op == collective::reduce_scatter) {
+                    MPI_Reduce_scatter_block(in.data(), out.data(), static_cast<int>(block),
+                                             MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                } else {
+                    MPI_Allgather(in.data(), static_cast<int>(block), MPI_FLOAT, out.data(),
+                                  static_cast<int>(block), MPI_FLOAT, MPI_COMM_WORLD);
+                }
             });
             if (rank == 0) {
                 std::printf("%d,%zu,mpi,mpi,%.3f,%s\n", ranks, bytes, us,

@@ -49,7 +49,8 @@ def main():
         if mpi.get(key):
             ratio[key] = us / min(mpi[key].values())
     platforms = sorted({k[0] for k in ratio})
-    short = {"recursive_doubling": "rd", "rabenseifner": "rab", "ring": "ring", "native": "mpi"}
+    short = {"recursive_doubling": "rd", "two_level": "2lvl", "rabenseifner": "rab",
+             "ring": "ring", "native": "mpi", "rank_ordered": "direct"}
     for p in platforms:
         ranks = sorted({k[1] for k in ratio if k[0] == p})
         sizes = sorted({k[2] for k in ratio if k[0] == p})

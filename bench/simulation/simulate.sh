@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Runs unison's all-reduce against the simulated MPI_Allreduce on simulated
-# clusters: builds allreduce_sim.cpp with SimGrid's smpicxx and runs it under
-# smpirun for each platform file, rank count and MPI algorithm selector asked for,
-# printing the driver's CSV rows with the platform and selector in front
+# Runs unison's all-reduce (or, with "-- -c reduce_scatter" or "-- -c all_gather",
+# those) against the simulated MPI's own call on simulated clusters: builds
+# allreduce_sim.cpp with SimGrid's smpicxx and runs it under smpirun for each
+# platform file, rank count and MPI algorithm selector asked for, printing the
+# driver's CSV rows with the platform and selector in front
 # (platform,selector,ranks,bytes,algorithm,chosen,us,correct) and, on stderr, how
 # long each run took here.
 #
 #   bench/simulation/simulate.sh [-p "flat two_level fat_tree"] [-n "2 4 8"]
 #       [-s "ompi mpich"] [-o out.csv] [-t seconds] [--shared-from N] [-- driver options]
 #
-# Unison's own rows do not depend on the selector (only MPI_Allreduce does), so
+# Unison's own rows do not depend on the selector (only the MPI's call does), so
 # they run under the first selector only. From --shared-from ranks on (default
 # 256) the driver backs its buffers with SimGrid's shared allocations, which keep
 # memory flat at any rank count but leave the results unchecked. Every run is
