@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
     -t) limit=$2; shift 2 ;;
     --shared-from) shared_from=$2; shift 2 ;;
     --) shift; driver_args=("$@"); break ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "simulate.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
