@@ -7,6 +7,7 @@
 
 #include "collective_shape.hpp"
 
+#include <unison/comm/algorithm.hpp>
 #include <unison/core/dtype.hpp>
 #include <unison/core/reduce_op.hpp>
 
@@ -81,6 +82,9 @@ struct bench_config {
     /// --rounds: each size is timed this many times and its row holds the medians;
     /// with the raw-MPI baseline each round times unison and raw MPI back to back.
     int rounds = 1;
+    /// --algorithm: the MPI backend's all-reduce algorithms to force, a run each;
+    /// empty: the environment's (UNISON_ALGORITHM, else the tuning's).
+    std::vector<algorithm> algorithms;
     bool help = false;
     /// argv[0]'s last component: "unison-bench", or an nccl-tests binary's name such
     /// as "all_reduce_perf", which selects the collective.
@@ -214,6 +218,13 @@ out of place and in place).
       --rounds <n>           time every size n times and report the median time
                              (with raw-mpi, the median of the n ratios; each round
                              alternates which of the two goes first) [1]
+      --algorithm <names>    -B mpi: force the all-reduce algorithm (automatic,
+                             recursive_doubling, two_level, rabenseifner, ring,
+                             native, rank_ordered), or sweep a comma list or all:
+                             a run each, one after another (native and rank_ordered
+                             force the reduce_scatter's too). The text header and
+                             the records' algorithm field say which ran at each
+                             size [UNISON_ALGORITHM, else automatic]
   -h, --help                 this text
 
 Started under an nccl-tests binary's name (a link named all_reduce_perf,
@@ -366,6 +377,7 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
         {'\0', "min-busbw", true},   {'i', "stepbytes", true},
         {'T', "timeout", true},      {'C', "report_cputime", true},
         {'J', "output_file", true},  {'\0', "rounds", true},
+        {'\0', "algorithm", true},
     };
 
     bench_config cfg;
@@ -559,6 +571,27 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
                 cfg.collective_given = true;
             } else if (spec->long_name == "baseline") {
                 cfg.baseline = true;
+            } else if (spec->long_name == "algorithm") {
+                cfg.algorithms.clear();
+                for (std::string_view rest = value; !rest.empty();) {
+                    const std::size_t comma = rest.find(',');
+                    const std::string_view name = rest.substr(0, comma);
+                    if (name == "all") {
+                        cfg.algorithms.insert(cfg.algorithms.end(), all_algorithms.begin(),
+                                              all_algorithms.end());
+                    } else if (const auto a = algorithm_from_string(name)) {
+                        cfg.algorithms.push_back(*a);
+                    } else {
+                        throw bad("a list of all-reduce algorithms (automatic, "
+                                  "recursive_doubling, two_level, rabenseifner, ring, native, "
+                                  "rank_ordered) or all");
+                    }
+                    rest = comma == std::string_view::npos ? std::string_view{}
+                                                           : rest.substr(comma + 1);
+                }
+                if (cfg.algorithms.empty()) {
+                    throw bad("a list of all-reduce algorithms");
+                }
             } else if (spec->long_name == "rounds") {
                 cfg.rounds = static_cast<int>(integer_in(1, 1000, "a round count in [1, 1000]"));
             } else if (spec->long_name == "min-busbw") {
@@ -610,6 +643,11 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
         throw usage_error("-t sets the thread backend's ranks; with -B " +
                           std::string(to_string(cfg.backend)) +
                           " the ranks are the processes mpiexec starts");
+    }
+    if (cfg.algorithms.size() > 1 &&
+        (cfg.format == output_format::json || !cfg.json_path.empty())) {
+        throw usage_error("--algorithm with several algorithms makes a run each, and a JSON "
+                          "document holds one run: use --format text or csv, or one algorithm");
     }
     if (cfg.backend == backend_kind::thread && cfg.root >= cfg.thread_ranks) {
         throw usage_error("-r " + std::to_string(cfg.root) + " is not a rank of " +

@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -84,6 +85,11 @@ struct run_info {
     int nccl_library = 0;             ///< ncclGetVersion(); 0 without NCCL
     std::string json_path;            ///< the file -J writes to, or ""
     std::vector<rank_device> devices; ///< one per rank, in rank order
+    /// The MPI backend's all-reduce algorithm, forced or automatic; "" elsewhere.
+    std::string algorithm;
+    /// The algorithm that carries the collective at a size (the records' algorithm
+    /// field); empty, or returning "", where there is no choice.
+    std::function<std::string(std::size_t)> algorithm_at;
 };
 
 /// Receives results on rank 0 and writes them.
@@ -198,11 +204,12 @@ public:
                     by_bytes ? c.step_bytes : c.step_factor, by_bytes ? "bytes" : "factor",
                     c.warmup_iters, c.iters, c.check ? 1 : 0);
         std::printf(
-            "# unison-bench: %s, backend %s, %d ranks, dtype %s, op %s, root %d%s\n",
+            "# unison-bench: %s, backend %s, %d ranks, dtype %s, op %s, root %d%s%s\n",
             std::string(to_string(c.collective)).c_str(), std::string(to_string(c.backend)).c_str(),
             info.ranks, detail::dtype_name(info).c_str(), info.op_name.c_str(), info.root,
             c.rounds > 1 ? (", " + std::to_string(c.rounds) + " rounds (rows: the medians)").c_str()
-                         : "");
+                         : "",
+            info.algorithm.empty() ? "" : (", all-reduce algorithm " + info.algorithm).c_str());
         std::printf("#\n# Using devices\n");
         for (const rank_device& d : info.devices) {
             std::printf("%s\n", device_line(d).c_str());
@@ -408,6 +415,10 @@ protected:
             f.push_back({keys[side][4], s->ratio ? number(*s->ratio) : std::nullopt, false});
             ++side;
         }
+        const std::string ran = info_.algorithm_at && table_ == "unison"
+                                    ? info_.algorithm_at(r.shape.size_bytes())
+                                    : "";
+        f.push_back({"algorithm", ran.empty() ? std::nullopt : text(ran), true});
         return f;
     }
 

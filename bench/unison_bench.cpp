@@ -755,19 +755,53 @@ bool root_in_range(const bench_config& cfg, int rank, int ranks) {
     return false;
 }
 
+int run_mpi_once(const bench_config& cfg, mpi_communicator& comm, const run_info& info,
+                 reporter* mine_out);
+
+/// The MPI backend: one run, or one per --algorithm, one after another.
 int run_mpi_ranks(const bench_config& cfg) {
-    mpi_communicator comm(MPI_COMM_WORLD);
+    const comm_options base = comm_options::from_env();
+    std::vector<algorithm> runs = cfg.algorithms;
+    if (runs.empty()) {
+        runs.push_back(base.all_reduce_algorithm);
+    }
+    std::unique_ptr<reporter> out;
+    int status = 0;
+    for (const algorithm a : runs) {
+        comm_options o = base;
+        o.all_reduce_algorithm = a;
+        mpi_communicator comm(MPI_COMM_WORLD, o);
+        const int rank = comm.rank();
+        const int ranks = comm.size();
+        if (!root_in_range(cfg, rank, ranks)) {
+            return 2;
+        }
+        std::vector<rank_device> lines =
+            gather_rank_devices(rank, ranks, host_rank(rank, "MPI process"));
+        run_info info = make_run_info(cfg, ranks, 1, 0, std::move(lines));
+        info.algorithm = std::string(to_string(mpi_forced_algorithm(o)));
+        if (cfg.collective == collective_kind::all_reduce) {
+            info.algorithm_at = [&comm](std::size_t bytes) {
+                return std::string(to_string(comm.all_reduce_algorithm(bytes)));
+            };
+        } else if (cfg.collective == collective_kind::reduce_scatter) {
+            info.algorithm_at = [&comm](std::size_t bytes) {
+                return std::string(to_string(comm.reduce_scatter_algorithm(bytes)));
+            };
+        }
+        if (rank == 0 && !out) { // one reporter: CSV writes its header once
+            out = make_reporter(cfg, info);
+        }
+        status = std::max(status, run_mpi_once(cfg, comm, info, out.get()));
+    }
+    return status;
+}
+
+/// One run of the MPI backend on `comm`; `out` is non-null on rank 0 only.
+int run_mpi_once(const bench_config& cfg, mpi_communicator& comm, const run_info& info,
+                 reporter* mine_out) {
     const int rank = comm.rank();
     const int ranks = comm.size();
-    if (!root_in_range(cfg, rank, ranks)) {
-        return 2;
-    }
-
-    std::vector<rank_device> lines =
-        gather_rank_devices(rank, ranks, host_rank(rank, "MPI process"));
-    run_info info = make_run_info(cfg, ranks, 1, 0, std::move(lines));
-    const std::unique_ptr<reporter> out = rank == 0 ? make_reporter(cfg, info) : nullptr;
-    reporter* mine_out = out.get();
     if (mine_out != nullptr) {
         mine_out->begin(info);
     }
@@ -943,6 +977,15 @@ int main(int argc, char** argv) {
         }
     }
 
+    if (!cfg.algorithms.empty() && cfg.backend != backend_kind::mpi) {
+        if (launch_rank() == 0) {
+            std::fprintf(stderr,
+                         "unison-bench: error: --algorithm needs -B mpi: the %s backend has one "
+                         "algorithm\n",
+                         std::string(to_string(cfg.backend)).c_str());
+        }
+        return 2;
+    }
     try {
         switch (cfg.backend) {
         case backend_kind::thread:
