@@ -108,20 +108,32 @@ struct mpi_call_fault {
 };
 
 inline constexpr std::size_t mpi_header_bytes = sizeof(mpi_call_header);
-/// The first message of a step carries the header and at most this many bytes in
-/// all; data beyond it follows in a second message. Transports send a message up
-/// to some size at once and a larger one only after a round trip: Open MPI over
-/// shared memory sends 4 KiB including its own headers, so there the header must
-/// not push a 4 KiB all-reduce past it (measured: 3x slower at 4 KiB;
-/// docs/performance.md), and a 4 KiB call takes two messages. Other MPIs send more
-/// at once (MPICH's shared-memory cells hold 64 KiB; SimGrid's SMPI as the
-/// simulation sets it, 64 KiB), and there a step of up to 16000 bytes is one
-/// message (in simulation, 4 KiB on one node took 1.6x MPI's time in two).
+/// A step's message (header and data) of up to this many bytes travels whole;
+/// a larger one is cut: a first message of mpi_first_message_bytes carries the
+/// header, and the rest follows in a second. Transports send a message up to some
+/// size at once and a larger one only after a round trip: Open MPI over shared
+/// memory sends 4 KiB including its own headers, so there the header must not push
+/// a 4 KiB all-reduce past it (measured: 3x slower at 4 KiB; docs/performance.md),
+/// and a 4 KiB call takes two messages. Other MPIs send more at once (MPICH's
+/// shared-memory cells hold 64 KiB; SimGrid's SMPI as the simulation sets it, 64
+/// KiB), and there a step of up to 16000 bytes is one message (in simulation, 4
+/// KiB on one node took 1.6x MPI's time in two). Larger steps are cut at 4000
+/// bytes everywhere: a small first message arrives before the large rest, whose
+/// receive the header sizes (cutting at 16000 instead cost 1.06-1.1x in
+/// simulation from 256 KiB, a mid-sized message paying more latency there).
 #ifdef OMPI_MAJOR_VERSION
-inline constexpr std::size_t mpi_first_message_bytes = 4000;
+inline constexpr std::size_t mpi_whole_message_max_bytes = 4000;
 #else
-inline constexpr std::size_t mpi_first_message_bytes = 16000;
+inline constexpr std::size_t mpi_whole_message_max_bytes = 16000;
 #endif
+/// The first message of a step that is cut.
+inline constexpr std::size_t mpi_first_message_bytes = 4000;
+static_assert(mpi_first_message_bytes <= mpi_whole_message_max_bytes);
+
+/// Bytes of the first message of a step of `whole` bytes (header included).
+constexpr std::size_t mpi_first_part(std::size_t whole) noexcept {
+    return whole <= mpi_whole_message_max_bytes ? whole : mpi_first_message_bytes;
+}
 /// The largest single message: data beyond the first message travels as messages
 /// of at most this many bytes, so that every count fits MPI's int.
 inline constexpr std::size_t mpi_message_max_bytes = std::size_t{1} << 30;
@@ -237,8 +249,8 @@ public:
         fused_ = fused;
         const std::size_t staging = mpi_staging_bytes(fused ? bytes() : 0);
         for (std::vector<std::byte>* v : {&send_stage, &recv_stage}) {
-            if (v->size() < std::max(staging, mpi_first_message_bytes)) {
-                v->resize(std::max(staging, mpi_first_message_bytes));
+            if (v->size() < std::max(staging, mpi_whole_message_max_bytes)) {
+                v->resize(std::max(staging, mpi_whole_message_max_bytes));
             }
         }
         send_ = send_stage.data();
@@ -374,14 +386,14 @@ private:
         first_arrived_ = false;
         if (s.recv) {
             recvs_.push_back(MPI_REQUEST_NULL);
-            UNISON_CHECK_MPI(MPI_Irecv(recv_, static_cast<int>(mpi_first_message_bytes), MPI_BYTE,
-                                       s.peer, tag_, comm_, &recvs_.back()),
+            UNISON_CHECK_MPI(MPI_Irecv(recv_, static_cast<int>(mpi_whole_message_max_bytes),
+                                       MPI_BYTE, s.peer, tag_, comm_, &recvs_.back()),
                              rank_, label_->str());
         }
         if (s.send) {
             const std::size_t whole =
                 mpi_header_bytes + (faulted_ ? sizeof(mpi_call_fault) : mine_.following);
-            const std::size_t first = std::min(whole, mpi_first_message_bytes);
+            const std::size_t first = mpi_first_part(whole);
             sends_.push_back(MPI_REQUEST_NULL);
             UNISON_CHECK_MPI(MPI_Isend(send_, static_cast<int>(first), MPI_BYTE, s.peer, tag_,
                                        comm_, &sends_.back()),
@@ -427,14 +439,17 @@ private:
         first_bytes_ = n;
         const std::size_t whole = mpi_staging_bytes(
             theirs_.faulted != 0 ? 0 : static_cast<std::size_t>(theirs_.following));
-        if (whole > n && n == mpi_first_message_bytes) {
+        const std::size_t sent =
+            mpi_header_bytes + (theirs_.faulted != 0 ? sizeof(mpi_call_fault)
+                                                     : static_cast<std::size_t>(theirs_.following));
+        if (sent > n && n == mpi_first_part(sent)) { // cut as this side cuts: a rest follows
             if (recv_stage_->size() < whole) {
                 recv_stage_->resize(whole); // only a peer whose call differs sends more
                 recv_ = recv_stage_->data();
             }
             const int rest_tag =
                 theirs_.faulted != 0 ? tag_ : mpi_rest_tag(theirs_.algorithm, theirs_.sequence);
-            for_each_segment(whole - n, [&](std::size_t at, std::size_t len) {
+            for_each_segment(sent - n, [&](std::size_t at, std::size_t len) {
                 recvs_.push_back(MPI_REQUEST_NULL);
                 UNISON_CHECK_MPI(MPI_Irecv(recv_ + n + at, static_cast<int>(len), MPI_BYTE, s.peer,
                                            rest_tag, comm_, &recvs_.back()),

@@ -85,8 +85,8 @@ public:
         incoming_ = scratch + partial_elems_ * es_;
         plan();
         for (std::vector<std::byte>* v : {&send_stage, &recv_stage}) {
-            if (v->size() < mpi_first_message_bytes) {
-                v->resize(mpi_first_message_bytes);
+            if (v->size() < mpi_whole_message_max_bytes) {
+                v->resize(mpi_whole_message_max_bytes);
             }
         }
         send_stage_ = send_stage.data();
@@ -356,7 +356,7 @@ private:
             return;
         }
         if (s.recv_bytes != no_recv) {
-            irecv(recv_stage_->data(), mpi_first_message_bytes, s.peer, check_tag_);
+            irecv(recv_stage_->data(), mpi_whole_message_max_bytes, s.peer, check_tag_);
         }
         if (s.sends) {
             const std::size_t data = faulted_ ? 0 : s.send_elems * es_;
@@ -368,7 +368,7 @@ private:
                 std::memcpy(send_stage_ + mpi_header_bytes, &fault_, sizeof(mpi_call_fault));
                 inline_bytes = sizeof(mpi_call_fault);
             } else {
-                inline_bytes = std::min(data, mpi_first_message_bytes - mpi_header_bytes);
+                inline_bytes = mpi_first_part(mpi_header_bytes + data) - mpi_header_bytes;
                 if (inline_bytes != 0) {
                     std::memcpy(send_stage_ + mpi_header_bytes, s.send, inline_bytes);
                 }
@@ -403,9 +403,8 @@ private:
         const std::size_t announced = theirs.faulted != 0
                                           ? sizeof(mpi_call_fault)
                                           : static_cast<std::size_t>(theirs.following);
-        const std::size_t rest = mpi_header_bytes + announced > n && n == mpi_first_message_bytes
-                                     ? mpi_header_bytes + announced - n
-                                     : 0;
+        const std::size_t sent = mpi_header_bytes + announced;
+        const std::size_t rest = sent > n && n == mpi_first_part(sent) ? sent - n : 0;
         bool takes_data = false;
         if (theirs.faulted != 0) {
             if (n >= mpi_header_bytes + sizeof(mpi_call_fault)) {
