@@ -63,14 +63,19 @@ if [ ! -x "$driver" ] || [ -n "$(find "$here/allreduce_sim.cpp" "$root/include" 
         -o "$driver" 2>"$build/build.log" || { cat "$build/build.log" >&2; exit 1; }
 fi
 
+# This invocation's own files: runs in parallel (another build directory's, or
+# this one's) must not share a hostfile or a result file.
+work=$(mktemp -d "$build/run.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
 # A hostfile of n ranks for platform $1: one rank per host, or 8 per host on
 # two_level (whose hosts have 8 cores).
 hostfile() {
     local per=1
     [ "$1" = two_level ] && per=8
     awk -v n="$2" -v per="$per" 'BEGIN { for (r = 0; r < n; r++) print "node-" int(r / per) }' \
-        >"$build/hosts"
-    echo "$build/hosts"
+        >"$work/hosts"
+    echo "$work/hosts"
 }
 
 echo "platform,selector,ranks,bytes,algorithm,chosen,us,correct" >"$out"
@@ -88,13 +93,13 @@ for platform in $platforms; do
                 --cfg=smpi/coll-selector:"$selector" --cfg=smpi/simulate-computation:no \
                 --cfg=smpi/test:1e-7 --cfg=smpi/iprobe:1e-7 --cfg=smpi/grow-injected-times:no \
                 --cfg=smpi/async-small-thresh:65536 --cfg=smpi/send-is-detached-thresh:65536 \
-                --log=root.thres:critical "$driver" "${args[@]}" >"$build/run.csv" 2>"$build/run.err"; then
+                --log=root.thres:critical "$driver" "${args[@]}" >"$work/run.csv" 2>"$work/run.err"; then
                 echo "simulate.sh: $platform, $n ranks, $selector: failed or ran past ${limit}s" >&2
-                tail -5 "$build/run.err" >&2
+                tail -5 "$work/run.err" >&2
                 exit 1
             fi
             end=$(date +%s.%N)
-            tail -n +2 "$build/run.csv" | sed "s/^/$platform,$selector,/" >>"$out"
+            tail -n +2 "$work/run.csv" | sed "s/^/$platform,$selector,/" >>"$out"
             awk -v p="$platform" -v n="$n" -v s="$selector" -v a="$start" -v b="$end" \
                 'BEGIN { printf "simulate.sh: %s, %d ranks, %s: %.1f s\n", p, n, s, b - a }' >&2
             first=0
