@@ -24,8 +24,9 @@ struct comm_options {
     /// The MPI backend's all-reduce algorithm: `automatic` lets its tuning choose by
     /// size and rank count (mpi/tuning.hpp); any other forces that one on every call
     /// (`native` and `rank_ordered` force the reduce_scatter's too).
-    /// Every rank must pass the same: the handshake compares it (a `mismatch_error` on
-    /// the "algorithm" field). The thread and NCCL backends have one algorithm each
+    /// Every rank must pass the same: the MPI communicator's constructor compares
+    /// them (an `argument_error` on every rank naming one that differs), and each
+    /// call's header carries it too. The thread and NCCL backends have one algorithm each
     /// (NCCL chooses its own; NCCL_ALGO steers it) and ignore this.
     algorithm all_reduce_algorithm = algorithm::automatic;
     /// Deterministic reductions: every all_reduce, reduce and reduce_scatter folds
@@ -37,7 +38,7 @@ struct comm_options {
     /// then runs its rank_ordered schedule (mpi/detail/rank_ordered.hpp; its cost is
     /// in docs/performance.md) and refuses a forced all_reduce_algorithm other than
     /// rank_ordered; NCCL, whose order is its own, refuses this option. Every rank
-    /// must pass the same (MPI's handshake compares it).
+    /// must pass the same (the MPI communicator's constructor compares it).
     bool deterministic = false;
     /// Which ranks share a node, for the MPI backend's tuning and its two-level
     /// all-reduce: 0 asks MPI (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED); k > 0

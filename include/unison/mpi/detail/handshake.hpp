@@ -20,7 +20,8 @@
 ///
 /// The header also names the algorithm that carries the call (comm_options::
 /// all_reduce_algorithm, or the tuning's choice), so ranks that would run
-/// different schedules fail alike instead of waiting for each other. The
+/// different schedules fail alike where their schedules meet (the communicator's
+/// constructor already refuses options that differ, so this is a second line). The
 /// Rabenseifner all-reduce (rabenseifner.hpp) carries the same headers in its first
 /// steps instead of running this schedule first; its messages follow the same
 /// two-message convention, so either side drains what the other sent.
