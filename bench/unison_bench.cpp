@@ -788,6 +788,10 @@ int run_mpi_ranks(const bench_config& cfg) {
             info.algorithm_at = [&comm](std::size_t bytes) {
                 return std::string(to_string(comm.reduce_scatter_algorithm(bytes)));
             };
+        } else if (cfg.collective == collective_kind::all_gather) {
+            info.algorithm_at = [&comm](std::size_t bytes) {
+                return std::string(to_string(comm.all_gather_algorithm(bytes)));
+            };
         }
         if (rank == 0 && !out) { // one reporter: CSV writes its header once
             out = make_reporter(cfg, info);

@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
                     const auto chosen =
                         o.op == collective::all_reduce       ? comm.all_reduce_algorithm(bytes)
                         : o.op == collective::reduce_scatter ? comm.reduce_scatter_algorithm(bytes)
-                                                             : unison::algorithm::native;
+                                                             : comm.all_gather_algorithm(bytes);
                     std::printf("%d,%zu,%s,%s,%.3f,%s\n", ranks, bytes,
                                 std::string(unison::to_string(a)).c_str(),
                                 std::string(unison::to_string(chosen)).c_str(), us,

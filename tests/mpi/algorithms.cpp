@@ -101,23 +101,26 @@ void check_algorithm(unison::mpi_communicator& comm) {
 
 } // namespace
 
-TEST_CASE("mpi reduce_scatter: both algorithms give the serial result") {
-    // rank_ordered (the tuning's choice on one node) and native (MPI's own), forced.
+TEST_CASE("mpi reduce_scatter: every algorithm gives the serial result") {
+    // rank_ordered (the direct exchange), rabenseifner (recursive halving) and native
+    // (MPI's own), forced.
     for (unison::algorithm a : {unison::algorithm::automatic, unison::algorithm::rank_ordered,
-                                unison::algorithm::native}) {
+                                unison::algorithm::rabenseifner, unison::algorithm::native}) {
         CAPTURE(unison::to_string(a));
         auto comm = forced(a);
         const int rank = comm.rank(), n = comm.size();
         const auto per = [&](std::size_t count) { return count * static_cast<std::size_t>(n); };
         CHECK(comm.reduce_scatter_algorithm(per(1000) * sizeof(float)) ==
-              (n == 1                              ? unison::algorithm::native
-               : a != unison::algorithm::automatic ? a
-               : comm.one_node()                   ? unison::algorithm::rank_ordered
-                                                   : unison::algorithm::native));
+              (n == 1 ? unison::algorithm::native
+               : a != unison::algorithm::automatic
+                   ? a
+                   : unison::mpi_tuning::reduce_scatter(per(1000) * sizeof(float), n,
+                                                        comm.one_node())));
         std::uint64_t seed = 500;
-        for (std::size_t count :
-             {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{70001}}) {
-            for (unison::reduce_op op : {unison::reduce_op::sum, unison::reduce_op::avg}) {
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000},
+                                  std::size_t{5000}, std::size_t{70001}}) {
+            for (unison::reduce_op op :
+                 {unison::reduce_op::sum, unison::reduce_op::avg, unison::reduce_op::max}) {
                 for (bool in_place : {false, true}) {
                     ++seed;
                     CAPTURE(count);
@@ -145,6 +148,142 @@ TEST_CASE("mpi reduce_scatter: both algorithms give the serial result") {
                 }
             }
         }
+    }
+}
+
+TEST_CASE("mpi reduce_scatter: recursive halving checks the call and loses nothing") {
+    // Rank n-1 passes a larger block (one element more, or three times as many):
+    // every rank hears of it before any output is written, in place or not, whichever
+    // step of the halving meets the difference.
+    // Tuned on one node, 1500 floats per rank take the halving (under 16 KiB in all
+    // at 2 ranks, 64 KiB at 4) where the last rank's triple takes the direct
+    // exchange: the two schedules' checks meet all the same.
+    for (unison::algorithm a : {unison::algorithm::rabenseifner, unison::algorithm::automatic}) {
+        auto comm = forced(a);
+        const int rank = comm.rank(), n = comm.size();
+        if (n < 2) {
+            return;
+        }
+        const auto ranks = static_cast<std::size_t>(n);
+        for (std::size_t count : {std::size_t{10}, std::size_t{1500}, std::size_t{5000}}) {
+            for (bool in_place : {false, true}) {
+                for (bool triple : {false, true}) {
+                    CAPTURE(unison::to_string(a));
+                    CAPTURE(count);
+                    CAPTURE(in_place);
+                    CAPTURE(triple);
+                    const std::size_t mine =
+                        rank == n - 1 ? (triple ? 3 * count : count + 1) : count;
+                    std::vector<float> in(mine * ranks), out(mine, -1.0f);
+                    for (std::size_t i = 0; i < in.size(); ++i) {
+                        in[i] = static_cast<float>(value(rank, i, 9));
+                    }
+                    const std::vector<float> original = in;
+                    std::string field;
+                    try {
+                        if (in_place) {
+                            unison::reduce_scatter(comm, in);
+                        } else {
+                            unison::reduce_scatter(comm, in, out);
+                        }
+                    } catch (const unison::mismatch_error& e) {
+                        field = e.field();
+                    }
+                    CHECK(field == "count");
+                    CHECK(in == original);
+                    CHECK(out == std::vector<float>(mine, -1.0f));
+                }
+            }
+        }
+        // Still usable.
+        std::vector<float> x(3000 * ranks, static_cast<float>(rank + 1)), y(3000);
+        unison::reduce_scatter(comm, x, y);
+        CHECK(y.front() == static_cast<float>(n * (n + 1) / 2));
+        CHECK(y.back() == static_cast<float>(n * (n + 1) / 2));
+    }
+}
+
+TEST_CASE("mpi all_gather: both algorithms give every rank's block") {
+    // recursive_doubling (the call check riding every message) and native (MPI's
+    // own after the check), forced, and the tuning's choice.
+    for (unison::algorithm a : {unison::algorithm::automatic, unison::algorithm::recursive_doubling,
+                                unison::algorithm::native}) {
+        CAPTURE(unison::to_string(a));
+        auto comm = forced(a);
+        const int rank = comm.rank(), n = comm.size();
+        const auto ranks = static_cast<std::size_t>(n);
+        const std::size_t probe = 1000 * ranks * sizeof(double);
+        CHECK(comm.all_gather_algorithm(probe) ==
+              (n == 1 ? unison::algorithm::native
+               : a != unison::algorithm::automatic
+                   ? a
+                   : unison::mpi_tuning::all_gather(probe, n, comm.one_node())));
+        std::uint64_t seed = 700;
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000},
+                                  std::size_t{5000}, std::size_t{70001}}) {
+            for (bool in_place : {false, true}) {
+                ++seed;
+                CAPTURE(count);
+                CAPTURE(in_place);
+                std::vector<double> mine(count), out(count * ranks, -7777.0);
+                for (std::size_t i = 0; i < count; ++i) {
+                    mine[i] = value(rank, i, seed);
+                }
+                if (in_place) { // this rank's block of `out` is its input
+                    std::copy(mine.begin(), mine.end(),
+                              out.begin() + static_cast<std::ptrdiff_t>(
+                                                count * static_cast<std::size_t>(rank)));
+                    unison::all_gather(comm, out);
+                } else {
+                    unison::all_gather(comm, mine, out);
+                }
+                std::size_t wrong = 0;
+                for (int q = 0; q < n; ++q) {
+                    for (std::size_t i = 0; i < count; ++i) {
+                        wrong += out[static_cast<std::size_t>(q) * count + i] != value(q, i, seed);
+                    }
+                }
+                CHECK(wrong == 0);
+            }
+        }
+    }
+}
+
+TEST_CASE("mpi all_gather: recursive doubling checks the call and loses nothing") {
+    // Rank n-1 passes a larger block (one element more, or three times as many;
+    // tuned on one node, 800 floats per rank take recursive doubling and the triple
+    // MPI's own at 2-4 ranks):
+    // every rank hears of it, and no output is written.
+    for (unison::algorithm a :
+         {unison::algorithm::recursive_doubling, unison::algorithm::automatic}) {
+        auto comm = forced(a);
+        const int rank = comm.rank(), n = comm.size();
+        if (n < 2) {
+            return;
+        }
+        const auto ranks = static_cast<std::size_t>(n);
+        for (std::size_t count : {std::size_t{10}, std::size_t{800}}) {
+            for (bool triple : {false, true}) {
+                CAPTURE(unison::to_string(a));
+                CAPTURE(count);
+                CAPTURE(triple);
+                const std::size_t mine = rank == n - 1 ? (triple ? 3 * count : count + 1) : count;
+                std::vector<float> in(mine, static_cast<float>(rank + 1)), out(mine * ranks, -1.0f);
+                std::string field;
+                try {
+                    unison::all_gather(comm, in, out);
+                } catch (const unison::mismatch_error& e) {
+                    field = e.field();
+                }
+                CHECK(field == "count");
+                CHECK(out == std::vector<float>(mine * ranks, -1.0f));
+            }
+        }
+        // Still usable.
+        std::vector<float> x(5, static_cast<float>(rank + 1)), y(5 * ranks);
+        unison::all_gather(comm, x, y);
+        CHECK(y.front() == 1.0f);
+        CHECK(y.back() == static_cast<float>(n));
     }
 }
 

@@ -141,22 +141,70 @@ TEST_CASE("deterministic: UNISON_DETERMINISTIC turns it on, and MPI then runs ra
     }
 }
 
-TEST_CASE("mpi tuning: the reduce_scatter runs the direct exchange on one node, MPI's own over "
-          "several, either when forced") {
+TEST_CASE("mpi tuning: the reduce_scatter halves small buffers on one node and most over "
+          "several; any of its three when forced") {
     using unison::algorithm;
+    namespace tuning = unison::mpi_tuning;
+    const auto tuned = [](std::size_t bytes, int ranks, bool one_node) {
+        return unison::mpi_reduce_scatter_algorithm(algorithm::automatic, bytes, ranks, one_node);
+    };
+    // One node: recursive halving below the thresholds, the direct exchange from them.
+    CHECK(tuned(tuning::pair_halving_max_bytes - 1, 2, true) == algorithm::rabenseifner);
+    CHECK(tuned(tuning::pair_halving_max_bytes, 2, true) == algorithm::rank_ordered);
+    CHECK(tuned(tuning::pair_halving_max_bytes, 4, true) == algorithm::rabenseifner);
+    CHECK(tuned(tuning::node_halving_max_bytes - 1, 3, true) == algorithm::rabenseifner);
+    CHECK(tuned(tuning::node_halving_max_bytes, 8, true) == algorithm::rank_ordered);
+    // Several nodes: a power of two halves at every size; other counts leave large
+    // buffers to MPI's own.
     for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20, std::size_t{1} << 30}) {
-        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::automatic, bytes, 4, true) ==
-              algorithm::rank_ordered);
-        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::automatic, bytes, 64, false) ==
-              algorithm::native);
-        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::native, bytes, 4, true) ==
-              algorithm::native);
-        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::rank_ordered, bytes, 64, false) ==
-              algorithm::rank_ordered);
-        // The all-reduce's own algorithms leave the reduce_scatter to the tuning.
-        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::ring, bytes, 4, true) ==
-              algorithm::rank_ordered);
+        CHECK(tuned(bytes, 2, false) == algorithm::rabenseifner);
+        CHECK(tuned(bytes, 64, false) == algorithm::rabenseifner);
+        CHECK(
+            tuned(bytes, 24, false) ==
+            (bytes < tuning::odd_halving_max_bytes ? algorithm::rabenseifner : algorithm::native));
+        for (algorithm forced :
+             {algorithm::native, algorithm::rank_ordered, algorithm::rabenseifner}) {
+            CHECK(unison::mpi_reduce_scatter_algorithm(forced, bytes, 4, true) == forced);
+            CHECK(unison::mpi_reduce_scatter_algorithm(forced, bytes, 24, false) == forced);
+        }
+        // The all-reduce's other algorithms leave the reduce_scatter to the tuning.
+        for (algorithm other :
+             {algorithm::ring, algorithm::recursive_doubling, algorithm::two_level}) {
+            CHECK(unison::mpi_reduce_scatter_algorithm(other, bytes, 64, false) ==
+                  tuned(bytes, 64, false));
+        }
+        // One rank has nothing to exchange.
         CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::rank_ordered, bytes, 1, true) ==
+              algorithm::native);
+    }
+}
+
+TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers, MPI's own for "
+          "the rest; either when forced") {
+    using unison::algorithm;
+    namespace tuning = unison::mpi_tuning;
+    const auto tuned = [](std::size_t bytes, int ranks, bool one_node) {
+        return unison::mpi_all_gather_algorithm(algorithm::automatic, bytes, ranks, one_node);
+    };
+    CHECK(tuned(tuning::node_all_gather_doubling_max_bytes - 1, 4, true) ==
+          algorithm::recursive_doubling);
+    CHECK(tuned(tuning::node_all_gather_doubling_max_bytes, 4, true) == algorithm::native);
+    CHECK(tuned(tuning::node_all_gather_doubling_max_bytes, 64, false) ==
+          algorithm::recursive_doubling);
+    CHECK(tuned(tuning::all_gather_doubling_max_bytes - 1, 24, false) ==
+          algorithm::recursive_doubling);
+    CHECK(tuned(tuning::all_gather_doubling_max_bytes, 24, false) == algorithm::native);
+    for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20}) {
+        for (algorithm forced : {algorithm::recursive_doubling, algorithm::native}) {
+            CHECK(unison::mpi_all_gather_algorithm(forced, bytes, 8, false) == forced);
+        }
+        // The reductions' algorithms leave the all_gather to the tuning.
+        for (algorithm other : {algorithm::rabenseifner, algorithm::rank_ordered, algorithm::ring,
+                                algorithm::two_level}) {
+            CHECK(unison::mpi_all_gather_algorithm(other, bytes, 8, false) ==
+                  tuned(bytes, 8, false));
+        }
+        CHECK(unison::mpi_all_gather_algorithm(algorithm::recursive_doubling, bytes, 1, true) ==
               algorithm::native);
     }
 }

@@ -23,7 +23,8 @@ struct comm_options {
     bool check_matching = false;
     /// The MPI backend's all-reduce algorithm: `automatic` lets its tuning choose by
     /// size and rank count (mpi/tuning.hpp); any other forces that one on every call
-    /// (`native` and `rank_ordered` force the reduce_scatter's too).
+    /// (`native`, `rabenseifner` and `rank_ordered` force the reduce_scatter's too,
+    /// `native` and `recursive_doubling` the all_gather's).
     /// Every rank must pass the same: the MPI communicator's constructor compares
     /// them (an `argument_error` on every rank naming one that differs), and each
     /// call's header carries it too. The thread and NCCL backends have one algorithm each

@@ -117,10 +117,18 @@ public:
     }
 
     /// The algorithm a reduce_scatter of `bytes` in all (count times the ranks) runs
-    /// on this communicator: rank_ordered or native (MPI's own), forced like the
-    /// all-reduce's or the tuning's choice (rank_ordered on one node).
+    /// on this communicator: rabenseifner (recursive halving), rank_ordered (the
+    /// direct exchange) or native (MPI's own), forced like the all-reduce's or the
+    /// tuning's choice.
     algorithm reduce_scatter_algorithm(std::size_t bytes) const noexcept {
         return mpi_reduce_scatter_algorithm(state_->forced, bytes, state_->size, state_->one_node);
+    }
+
+    /// The algorithm an all_gather of `bytes` in all (count times the ranks) runs on
+    /// this communicator: recursive_doubling or native (MPI's own), forced like the
+    /// all-reduce's or the tuning's choice.
+    algorithm all_gather_algorithm(std::size_t bytes) const noexcept {
+        return mpi_all_gather_algorithm(state_->forced, bytes, state_->size, state_->one_node);
     }
 
     /// Runs `call` to completion.

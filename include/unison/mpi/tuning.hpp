@@ -1,17 +1,19 @@
 #pragma once
 
 /// \file
-/// The MPI backend's tuning: which algorithm carries an all-reduce of a given size
-/// over a given number of ranks. Every threshold is defined here, once, with the
-/// measurement behind it (docs/performance.md, "All-reduce at scale", has the
-/// tables and the commands that reproduce them); the backend asks
-/// `mpi_all_reduce_algorithm` and nothing else. `comm_options::all_reduce_algorithm`
+/// The MPI backend's tuning: which algorithm carries an all-reduce, a reduce_scatter
+/// or an all_gather of a given size over a given number of ranks. Every threshold is
+/// defined here, once, with the measurement behind it (docs/performance.md, "All-
+/// reduce at scale", has the tables and the commands that reproduce them); the
+/// backend asks `mpi_all_reduce_algorithm`, `mpi_reduce_scatter_algorithm` and
+/// `mpi_all_gather_algorithm` and nothing else. `comm_options::all_reduce_algorithm`
 /// (or UNISON_ALGORITHM) forces one algorithm on every call instead.
 ///
 /// The algorithms (comm/algorithm.hpp has their costs):
 /// - recursive_doubling: the data rides the call check's own messages (handshake.hpp),
 ///   log2(n) exchanges of the whole buffer: the fewest messages, so the choice for
-///   small buffers;
+///   small buffers; for an all_gather, log2(n) exchanges of the blocks gathered so
+///   far (rabenseifner.hpp), for small ones;
 /// - two_level: recursive doubling that knows the nodes (schedule.hpp): each node's
 ///   ranks reduce into its lowest over a binomial tree, those leaders run recursive
 ///   doubling, the result goes back down, all inside the call check as well; for
@@ -19,7 +21,8 @@
 ///   otherwise carry every rank's message at every step;
 /// - rabenseifner (rabenseifner.hpp): recursive halving then doubling, the call check
 ///   riding the halving: 2 log2(n) messages and twice the data, for everything
-///   larger;
+///   larger; its halving alone is the reduce_scatter over several nodes and for
+///   small buffers on one;
 /// - ring (ring_allreduce.hpp): after the check, 2 (n - 1) messages of 1/n of the
 ///   buffer each, sent straight from and into the caller's tensors: no scratch
 ///   beyond one chunk and no fold, for large buffers on two or three ranks of one
@@ -28,7 +31,8 @@
 /// - rank_ordered (rank_ordered.hpp): after the check, each block reduced by its
 ///   owner in rank order, then all-gathered; never picked by size, it is what
 ///   comm_options::deterministic runs (and its reduce and reduce_scatter too), and
-///   the reduce_scatter's on one node (mpi_tuning::reduce_scatter).
+///   the reduce_scatter's for larger buffers on one node (mpi_tuning::reduce_scatter,
+///   which runs the first half of Rabenseifner's, recursive halving, for the rest).
 
 #include "unison/comm/algorithm.hpp"
 #include "unison/comm/options.hpp"
@@ -110,21 +114,87 @@ constexpr bool rank_ordered_direct(std::size_t bytes, int ranks) noexcept {
            bytes <= rank_ordered_direct_max_bytes / static_cast<std::size_t>(ranks - 1);
 }
 
-// ---- reduce_scatter, measured for real: Open MPI 4.1 over shared memory at 2 and
-// 4 processes (docs/performance.md, "Deterministic reductions"). The direct
-// exchange of rank_ordered.hpp (each block straight to its owner, folded there)
-// took 0.5-0.6x the time of the handshake and MPI_Ireduce_scatter_block at 4 KiB to
-// 32 KiB and 0.2-0.5x from 256 KiB, and 0.18-0.6x that of the blocking
-// MPI_Reduce_scatter_block from 256 KiB. Over several nodes it is not measured
-// (the all-reduce's direct exchange moved 8x the bytes of Rabenseifner's through
-// the shared NIC of simulated 8-rank nodes): MPI's own there.
+// ---- reduce_scatter. Three ways: recursive halving (rabenseifner.hpp: the first
+// half of Rabenseifner's all-reduce, the call check riding it, log2(n) messages);
+// the direct exchange (rank_ordered.hpp: after the check, each block straight to
+// its owner, folded there: one step, but n - 1 messages per rank); MPI's own after
+// the check (native).
+//
+// Measured in simulation (docs/performance.md, "reduce_scatter and all_gather at
+// scale"; 4 to 32 ranks, 1 KiB to 4 MiB in all): over several nodes, with n a power
+// of two, the halving was 0.25-1.05x MPI's best at every size, where the direct
+// exchange and native were 1.3-2.5x at 1-8 KiB (their separate check) and 2.9-3.5x
+// on nodes of 8 ranks from 64 KiB (every block crossing the node's NIC on its own).
+// With n not a power of two (6, 12, 24 ranks), the fold (a rank's whole input to
+// its neighbour) made the halving 1.1-2.1x from 512 KiB, where MPI's own was
+// 0.25-0.9x; below 64 KiB the halving was 0.98-1.08x against MPI's 1.36-1.9x.
+//
+// On one node, measured for real (Open MPI 4.1 over shared memory, 2 and 4
+// processes): the halving's copies into scratch cost more than the direct
+// exchange's one step from 16 KiB at 2 processes (8.3 us against 5.5 at 16 KiB,
+// 88 against 45 at 256 KiB) and from 256 KiB at 4 (208 against 184); below that it
+// was 0.7-0.9x the direct exchange's time. Simulated nodes of 4 and 8 ranks agree
+// (the direct exchange 0.56-0.60x MPI's best from 128 KiB, the halving 0.69-0.73x).
+
+/// One node: recursive halving below this many bytes (the input), over 2 ranks ...
+inline constexpr std::size_t pair_halving_max_bytes = 16 * 1024;
+/// ... and more; the direct exchange from there.
+inline constexpr std::size_t node_halving_max_bytes = 64 * 1024;
+/// Several nodes, a rank count not a power of two: recursive halving below this
+/// many bytes, MPI's own from there. (A power of two: the halving at every size.)
+inline constexpr std::size_t odd_halving_max_bytes = 64 * 1024;
+
+static_assert(pair_halving_max_bytes <= node_halving_max_bytes,
+              "two ranks gain least from halving (one exchange, as the direct exchange "
+              "after its check), so they leave it first");
 
 /// The algorithm that carries a reduce_scatter of `bytes` in all (the input: count
-/// times the ranks) over `ranks` ranks: rank_ordered (the direct exchange) on one
-/// node, MPI's own (native) over several.
+/// times the ranks) over `ranks` ranks; `one_node` when every rank shares memory
+/// with every other.
 constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, bool one_node) noexcept {
-    (void)bytes;
-    return one_node && ranks > 1 ? algorithm::rank_ordered : algorithm::native;
+    if (ranks <= 1) {
+        return algorithm::native;
+    }
+    if (one_node) {
+        const std::size_t halving_below =
+            ranks == 2 ? pair_halving_max_bytes : node_halving_max_bytes;
+        return bytes < halving_below ? algorithm::rabenseifner : algorithm::rank_ordered;
+    }
+    if (!std::has_single_bit(static_cast<unsigned>(ranks)) && bytes >= odd_halving_max_bytes) {
+        return algorithm::native;
+    }
+    return algorithm::rabenseifner;
+}
+
+// ---- all_gather. Two ways: recursive doubling with the call check riding every
+// message (rabenseifner.hpp's all_gather: log2(n) steps, the data gathered in
+// scratch and copied out at the end), and MPI's own after the check (native), whose
+// check is a recursive doubling of its own before any data moves.
+//
+// Measured in simulation (docs/performance.md, "reduce_scatter and all_gather at
+// scale"; 4 to 32 ranks on the three clusters): recursive doubling was 1.02-1.09x
+// MPI's best at 1-8 KiB across nodes where native was 1.44-2.59x; at 64 KiB and
+// more it was sometimes far behind (1.81-2.22x at 32 ranks on nodes of 8, where
+// native was 1.33-2.43x). On one node, measured for real (Open MPI 4.1, 2
+// processes): recursive doubling took 1.3-2.8 us at 2-8 KiB against native's
+// 2.2-4.2, and 6.1 against 3.1-5.5 at 16 KiB (its 8 KiB messages cut in two, where
+// MPI's shared-memory path copies once).
+
+/// Recursive doubling below this many bytes (the output: count times the ranks)
+/// over several nodes, MPI's own from there ...
+inline constexpr std::size_t all_gather_doubling_max_bytes = 64 * 1024;
+/// ... and on one node.
+inline constexpr std::size_t node_all_gather_doubling_max_bytes = 16 * 1024;
+
+static_assert(node_all_gather_doubling_max_bytes <= all_gather_doubling_max_bytes,
+              "a node's shared memory makes MPI's own all-gather cheap sooner");
+
+/// The algorithm that carries an all_gather of `bytes` in all over `ranks` ranks;
+/// `one_node` when every rank shares memory with every other.
+constexpr algorithm all_gather(std::size_t bytes, int ranks, bool one_node) noexcept {
+    const std::size_t doubling_below =
+        one_node ? node_all_gather_doubling_max_bytes : all_gather_doubling_max_bytes;
+    return ranks > 1 && bytes < doubling_below ? algorithm::recursive_doubling : algorithm::native;
 }
 
 static_assert(many_ranks_rabenseifner_min_bytes <= some_ranks_rabenseifner_min_bytes &&
@@ -246,17 +316,33 @@ inline algorithm mpi_forced_algorithm(const comm_options& o) {
 }
 
 /// The algorithm the MPI backend's reduce_scatter of `bytes` in all runs over
-/// `ranks` ranks, `forced` being mpi_forced_algorithm's: the reduce_scatter has two,
-/// rank_ordered and native, and takes either when forced (so when deterministic);
-/// otherwise the tuning's choice.
+/// `ranks` ranks, `forced` being mpi_forced_algorithm's: the reduce_scatter has three,
+/// rank_ordered (the direct exchange), rabenseifner (its recursive halving alone)
+/// and native, and takes any of them when forced (so rank_ordered when
+/// deterministic); otherwise the tuning's choice.
 constexpr algorithm mpi_reduce_scatter_algorithm(algorithm forced, std::size_t bytes, int ranks,
                                                  bool one_node) noexcept {
     if (ranks <= 1) {
         return algorithm::native;
     }
-    return forced == algorithm::rank_ordered || forced == algorithm::native
+    return forced == algorithm::rank_ordered || forced == algorithm::native ||
+                   forced == algorithm::rabenseifner
                ? forced
                : mpi_tuning::reduce_scatter(bytes, ranks, one_node);
+}
+
+/// The algorithm the MPI backend's all_gather of `bytes` in all runs over `ranks`
+/// ranks, `forced` being mpi_forced_algorithm's: recursive_doubling or native when
+/// forced, otherwise (any other algorithm forced, the all-reduce's or the
+/// reductions') the tuning's choice.
+constexpr algorithm mpi_all_gather_algorithm(algorithm forced, std::size_t bytes, int ranks,
+                                             bool one_node) noexcept {
+    if (ranks <= 1) {
+        return algorithm::native;
+    }
+    return forced == algorithm::recursive_doubling || forced == algorithm::native
+               ? forced
+               : mpi_tuning::all_gather(bytes, ranks, one_node);
 }
 
 /// The algorithm the MPI backend runs for an all-reduce of `bytes` over `ranks`

@@ -366,6 +366,10 @@ public:
             algorithm_ = mpi_reduce_scatter_algorithm(
                 state_.forced, c.count * size_of(c.type) * static_cast<std::size_t>(state_.size),
                 state_.size, state_.one_node);
+        } else if (c.op == operation::all_gather) {
+            algorithm_ = mpi_all_gather_algorithm(
+                state_.forced, c.count * size_of(c.type) * static_cast<std::size_t>(state_.size),
+                state_.size, state_.one_node);
         } else if (c.op == operation::reduce && state_.options.deterministic && state_.size > 1) {
             algorithm_ = algorithm::rank_ordered;
         } else {
@@ -381,8 +385,11 @@ public:
         // run our own algorithms (matched by tag) posts an MPI collective, in issue order.
         ordered_ = c.op != operation::barrier &&
                    (algorithm_ == algorithm::automatic || algorithm_ == algorithm::native);
-        if (algorithm_ == algorithm::rabenseifner) { // checks as it goes: no handshake
-            rab_.emplace(state_.comm, state_.rank, state_.size, call_, sequence_, label_);
+        const bool gathers = c.op == operation::all_gather &&
+                             algorithm_ == algorithm::recursive_doubling && state_.size > 1;
+        if (algorithm_ == algorithm::rabenseifner || gathers) { // checks as it goes
+            rab_.emplace(state_.comm, state_.rank, state_.size, call_, sequence_, label_,
+                         algorithm_);
             scratch_ = state_.take_scratch(rab_->scratch_bytes());
             rab_->start(scratch_.data(), send_stage_, recv_stage_);
             return;

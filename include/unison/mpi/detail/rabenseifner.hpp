@@ -19,6 +19,23 @@
 /// dimensions). Until then the received halves go into scratch and the caller's
 /// output is not touched, so a mismatch loses nothing; the all-gather, which writes
 /// the output, runs only when the calls agree, and needs no headers.
+///
+/// The same halving is the MPI backend's reduce_scatter over many ranks (recursive
+/// halving, log2(p) messages, each rank's input crossing the network about once),
+/// the call check riding it the same way. A rank ends the halving holding the
+/// block whose number is its own with the bits reversed, so a reduce_scatter first
+/// copies its input into scratch with the ranks' blocks in that order ("slots"):
+/// slot s holds the blocks of the rank (of the halving's p) whose number is s
+/// reversed, and every rank ends with its own block. A rank that folded in gets its
+/// block back from its neighbour at the end; no all-gather follows.
+///
+/// And the all-gather's second half, recursive doubling, is the MPI backend's
+/// all_gather for small buffers (`recursive_doubling`): the call check rides every
+/// message, the partners at distance 1, 2, 4, ... as in the handshake, so that a
+/// rank holds its neighbours' blocks in one contiguous run after each step. The
+/// blocks gather in scratch and reach the output only once every step is done, so
+/// a mismatch loses nothing. A rank that folds in sends its block first and gets
+/// the whole result back at the end.
 
 #include "unison/comm/algorithm.hpp"
 #include "unison/comm/collective.hpp"
@@ -47,27 +64,45 @@ namespace unison::detail {
 class mpi_rabenseifner {
 public:
     /// Plans the all-reduce `call` (`count` elements in `send` and `recv`, which may
-    /// alias), the `sequence`-th collective of `rank` of the `size` ranks of `comm`.
+    /// alias), the reduce_scatter (`count` times `size` elements in `send`, `count`
+    /// in `recv`, which may be its own block of `send`) or the all_gather (`count` in
+    /// `send`, which may be its own block of `recv`), the `sequence`-th collective of
+    /// `rank` of the `size` ranks of `comm`; `algo` is the algorithm its headers
+    /// announce (rabenseifner; recursive_doubling for the all_gather).
     /// Headers travel on the handshake's tag, the rest of a checked message on the
-    /// ring's (mpi_rest_tag), the all-gather on a tag of its own.
+    /// tag mpi_rest_tag gives `algo` (the ring's for rabenseifner, the handshake's
+    /// for recursive_doubling), the all-reduce's all-gather on a tag of its own.
     mpi_rabenseifner(MPI_Comm comm, int rank, int size, const collective_call& call,
-                     std::uint64_t sequence, const call_label& label)
+                     std::uint64_t sequence, const call_label& label,
+                     algorithm algo = algorithm::rabenseifner)
         : comm_(comm), rank_(rank), size_(size),
           check_tag_(mpi_tag(mpi_handshake_tag_base, mpi_handshake_tags, sequence)),
-          rest_tag_(mpi_rest_tag(static_cast<std::uint32_t>(algorithm::rabenseifner), sequence)),
+          rest_tag_(mpi_rest_tag(static_cast<std::uint32_t>(algo), sequence)),
           gather_tag_(mpi_tag(mpi_gather_tag_base, mpi_gather_tags, sequence)), call_(call),
           label_(label), es_(size_of(call.type)) {
-        mine_ =
-            mpi_call_header{signature_of(call), sequence, 0,
-                            static_cast<std::uint32_t>(algorithm::rabenseifner), call.count * es_};
+        mine_ = mpi_call_header{signature_of(call), sequence, 0, static_cast<std::uint32_t>(algo),
+                                call.count * es_};
         p_ = static_cast<int>(std::bit_floor(static_cast<unsigned>(size)));
         const int rem = size - p_;
+        scatter_ = call.op == operation::reduce_scatter;
+        gather_ = call.op == operation::all_gather;
+        total_ = scatter_ || gather_ ? call.count * static_cast<std::size_t>(size) : call.count;
+        if (scatter_) {
+            lay_out_slots();
+        }
+        if (gather_) { // the result, assembled (not on a rank that hands its block over)
+            partial_elems_ = rank < 2 * rem && rank % 2 == 0 ? 0 : total_;
+            return;
+        }
+        // A reduce_scatter's partial sums start as the whole input, in slot order.
         if (rank < 2 * rem) { // folds in: the odd one reduces a whole buffer, the even none
-            partial_elems_ = incoming_elems_ = rank % 2 == 1 ? call.count : 0;
+            incoming_elems_ = rank % 2 == 1 ? total_ : 0;
+            partial_elems_ = scatter_ ? total_ : incoming_elems_;
         } else if (p_ > 1) { // the first half it keeps
             const std::size_t mid = lo(p_ / 2);
             const bool lower = ((rank - rem) & 1) == 0;
-            partial_elems_ = incoming_elems_ = lower ? mid : call.count - mid;
+            incoming_elems_ = lower ? mid : total_ - mid;
+            partial_elems_ = scatter_ ? total_ : incoming_elems_;
         }
     }
     mpi_rabenseifner(const mpi_rabenseifner&) = delete;
@@ -83,7 +118,24 @@ public:
                std::vector<std::byte>& recv_stage) {
         partial_ = scratch;
         incoming_ = scratch + partial_elems_ * es_;
-        plan();
+        if (scatter_) { // the input, in slot order
+            const auto* in = static_cast<const std::byte*>(call_.send);
+            for (int s = 0; s < p_; ++s) {
+                const std::size_t bytes = (lo(s + 1) - lo(s)) * es_;
+                if (bytes != 0) {
+                    std::memcpy(scratch_partial(lo(s)), in + slot_source_[s] * es_, bytes);
+                }
+            }
+        }
+        if (gather_ && partial_elems_ != 0 && call_.count != 0) { // its own block, in place
+            std::memcpy(scratch_partial(static_cast<std::size_t>(rank_) * call_.count), call_.send,
+                        call_.count * es_);
+        }
+        if (gather_) {
+            plan_gather();
+        } else {
+            plan();
+        }
         for (std::vector<std::byte>* v : {&send_stage, &recv_stage}) {
             if (v->size() < mpi_whole_message_max_bytes) {
                 v->resize(mpi_whole_message_max_bytes);
@@ -103,15 +155,30 @@ public:
             const step& s = steps_[current_];
             if (s.checked && s.recv_bytes != no_recv && !first_arrived_) {
                 // The rest of the peer's message is received once its header says
-                // where it goes, before this rank's own sends are waited for.
+                // where it goes, before this rank's own sends are waited for. When
+                // this rank sent one message, one call tests it with the peer's
+                // first (one poll a step, where the peer's message fits in one too);
+                // with a rest of its own in flight, which completes only once the
+                // peer has read this rank's header, the peer's first alone.
                 int flag = 0;
-                MPI_Status status;
-                UNISON_CHECK_MPI(MPI_Test(&recvs_[0], &flag, &status), rank_, label_.str());
+                MPI_Status status[2];
+                if (sends_.size() <= 1) {
+                    MPI_Request both[2] = {recvs_[0],
+                                           sends_.empty() ? MPI_REQUEST_NULL : sends_[0]};
+                    const int rc = MPI_Testall(2, both, &flag, status);
+                    recvs_[0] = both[0];
+                    if (!sends_.empty()) {
+                        sends_[0] = both[1];
+                    }
+                    UNISON_CHECK_MPI(rc, rank_, label_.str());
+                } else {
+                    UNISON_CHECK_MPI(MPI_Test(&recvs_[0], &flag, &status[0]), rank_, label_.str());
+                }
                 if (flag == 0) {
                     return false;
                 }
                 first_arrived_ = true;
-                receive_first(s, status);
+                receive_first(s, status[0]);
             }
             if (!test_all(recvs_) || !test_all(sends_)) {
                 return false;
@@ -124,6 +191,9 @@ public:
         }
         if (faulted_) {
             throw_fault(rank_, label_.str(), fault_);
+        }
+        if ((scatter_ || gather_) && own_block_.bytes != 0) {
+            std::memcpy(own_block_.out, own_block_.from, own_block_.bytes);
         }
         return true;
     }
@@ -184,35 +254,116 @@ private:
     };
 
     // Blocks: the p ranks of the halving each end owning one block of the buffer,
-    // block i being elements [lo(i), lo(i + 1)).
+    // block i being elements [lo(i), lo(i + 1)) (of the scratch copy in slot order,
+    // for a reduce_scatter).
     std::size_t lo(int i) const noexcept {
+        if (scatter_) {
+            return slot_lo_[static_cast<std::size_t>(i)];
+        }
         const auto n = static_cast<std::size_t>(p_);
         const std::size_t base = call_.count / n, rem = call_.count % n;
         const auto u = static_cast<std::size_t>(i);
         return u * base + std::min(u, rem);
     }
 
-    void plan() {
+    /// A checked step that sends `elems` elements from `from` to `peer`, receiving
+    /// nothing.
+    static step give_to(int peer, const std::byte* from, std::size_t elems) noexcept {
+        step s;
+        s.peer = peer;
+        s.checked = true;
+        s.sends = true;
+        s.send = from;
+        s.send_elems = elems;
+        return s;
+    }
+    /// A checked step that receives `bytes` from `peer` into `into`, sending nothing.
+    static step take_from(int peer, std::byte* into, std::size_t bytes,
+                          bool writes_output) noexcept {
+        step s;
+        s.peer = peer;
+        s.checked = true;
+        s.writes_output = writes_output;
+        s.recv = into;
+        s.recv_bytes = bytes;
+        return s;
+    }
+
+    /// A reduce_scatter's slots: slot s holds the blocks of the halving's rank v, s
+    /// with its log2(p) bits reversed (the blocks of ranks 2v and 2v + 1 when v folds
+    /// in, of rank v + (n - p) otherwise), so that each rank ends with its own.
+    void lay_out_slots() {
         const int rem = size_ - p_;
-        const std::size_t count = call_.count;
-        const auto* in = static_cast<const std::byte*>(call_.send);
+        const int bits = std::countr_zero(static_cast<unsigned>(p_));
+        slot_lo_.assign(static_cast<std::size_t>(p_) + 1, 0);
+        slot_source_.assign(static_cast<std::size_t>(p_), 0);
+        for (int s = 0; s < p_; ++s) {
+            int v = 0;
+            for (int bit = 0; bit < bits; ++bit) {
+                v |= ((s >> bit) & 1) << (bits - 1 - bit);
+            }
+            const int first = v < rem ? 2 * v : v + rem;
+            const std::size_t blocks = v < rem ? 2 : 1;
+            const auto at = static_cast<std::size_t>(s);
+            slot_source_[at] = static_cast<std::size_t>(first) * call_.count;
+            slot_lo_[at + 1] = slot_lo_[at] + blocks * call_.count;
+        }
+    }
+
+    /// The all_gather: recursive doubling, each step a checked exchange of the run
+    /// of blocks each side holds.
+    void plan_gather() {
+        const int rem = size_ - p_;
+        const std::size_t block = call_.count;
         auto* out = static_cast<std::byte*>(call_.recv);
+        own_block_ = {};
         steps_.clear();
         if (rank_ < 2 * rem && rank_ % 2 == 0) { // folds in: hands over, gets the result
-            step give;
-            give.peer = rank_ + 1;
-            give.checked = true;
-            give.sends = true;
-            give.send = in;
-            give.send_elems = count;
-            steps_.push_back(give);
-            step take;
-            take.peer = rank_ + 1;
-            take.checked = true;
-            take.writes_output = true;
-            take.recv = out;
-            take.recv_bytes = count * es_;
-            steps_.push_back(take);
+            steps_.push_back(give_to(rank_ + 1, static_cast<const std::byte*>(call_.send), block));
+            steps_.push_back(take_from(rank_ + 1, out, total_ * es_, true));
+            return;
+        }
+        const bool folds = rank_ < 2 * rem;
+        const int me = folds ? rank_ / 2 : rank_ - rem;
+        const auto real = [rem](int r) { return r < rem ? r * 2 + 1 : r + rem; };
+        // The first element of halving rank v's blocks (the first of ranks 2v, 2v + 1
+        // when it folded in); v = p: the end.
+        const auto first = [&](int v) {
+            return static_cast<std::size_t>(v < rem ? 2 * v : v + rem) * block;
+        };
+        if (folds) {
+            steps_.push_back(take_from(rank_ - 1, scratch_partial(first(me)), block * es_, false));
+        }
+        for (int mask = 1; mask < p_; mask <<= 1) {
+            const int mine = me & ~(mask - 1), theirs = (me ^ mask) & ~(mask - 1);
+            step s;
+            s.peer = real(me ^ mask);
+            s.checked = true;
+            s.sends = true;
+            s.send = scratch_partial(first(mine));
+            s.send_elems = first(mine + mask) - first(mine);
+            s.recv = scratch_partial(first(theirs));
+            s.recv_bytes = (first(theirs + mask) - first(theirs)) * es_;
+            steps_.push_back(s);
+        }
+        own_block_ = {partial_, out, total_ * es_};
+        if (folds) {
+            steps_.push_back(give_to(rank_ - 1, partial_, total_));
+        }
+    }
+
+    void plan() {
+        const int rem = size_ - p_;
+        const std::size_t count = total_;
+        // A reduce_scatter reads its input from the slot-ordered copy.
+        const auto* in = scatter_ ? partial_ : static_cast<const std::byte*>(call_.send);
+        auto* out = static_cast<std::byte*>(call_.recv);
+        own_block_ = {};
+        steps_.clear();
+        if (rank_ < 2 * rem && rank_ % 2 == 0) { // folds in: hands over, gets the result
+            steps_.push_back(give_to(rank_ + 1, in, count));
+            // the whole result, or its own block
+            steps_.push_back(take_from(rank_ + 1, out, call_.count * es_, true));
             return;
         }
         const bool folds = rank_ < 2 * rem; // odd: reduces a neighbour's buffer into its own
@@ -223,11 +374,7 @@ private:
         const std::byte* source = in;
         std::size_t partial_base = 0; ///< element that partial_ stands for
         if (folds) {
-            step take;
-            take.peer = rank_ - 1;
-            take.checked = true;
-            take.recv = scratch_incoming(0);
-            take.recv_bytes = count * es_;
+            step take = take_from(rank_ - 1, scratch_incoming(0), count * es_, false);
             take.reduce_in = in;
             take.reduce_out = scratch_partial(0);
             take.reduce_elems = count;
@@ -250,7 +397,7 @@ private:
             b = kept;
             width = half;
         }
-        if (!folds && !halvings.empty()) {
+        if (!folds && !halvings.empty() && !scatter_) {
             partial_base = lo(halvings.front().kept_b);
         }
         for (std::size_t k = 0; k < halvings.size(); ++k) {
@@ -272,6 +419,14 @@ private:
             s.last_reduce = k + 1 == halvings.size();
             steps_.push_back(s);
             source = nullptr; // from now on the partial sums
+        }
+        if (scatter_) { // done: the own block out, a folded neighbour's back to it
+            const std::size_t own_lo = lo(b) + (folds ? call_.count : 0);
+            own_block_ = {scratch_partial(own_lo), out, call_.count * es_};
+            if (folds) {
+                steps_.push_back(give_to(rank_ - 1, scratch_partial(lo(b)), call_.count));
+            }
+            return;
         }
         // All-gather by recursive doubling, the halving in reverse: send what this
         // rank holds, receive what the partner of that step kept.
@@ -296,20 +451,19 @@ private:
             steps_.push_back(s);
         }
         if (folds) { // hands the result back, with the header that says it is one
-            step give;
-            give.peer = rank_ - 1;
-            give.checked = true;
-            give.sends = true;
-            give.send = out;
-            give.send_elems = count;
-            steps_.push_back(give);
+            steps_.push_back(give_to(rank_ - 1, out, count));
         }
     }
 
     std::byte* scratch_partial(std::size_t elem) const noexcept { return partial_ + elem * es_; }
     std::byte* scratch_incoming(std::size_t elem) const noexcept { return incoming_ + elem * es_; }
 
+    /// Whether every request is complete (no MPI call when none is left).
     bool test_all(std::vector<MPI_Request>& requests) const {
+        if (std::all_of(requests.begin(), requests.end(),
+                        [](MPI_Request r) { return r == MPI_REQUEST_NULL; })) {
+            return true;
+        }
         int flag = 0;
         UNISON_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag,
                                      MPI_STATUSES_IGNORE),
@@ -471,6 +625,10 @@ private:
     const call_label& label_;
     std::size_t es_;
     int p_ = 1;
+    bool scatter_ = false;                           ///< a reduce_scatter
+    bool gather_ = false;                            ///< an all_gather (neither: an all-reduce)
+    std::size_t total_ = 0;                          ///< elements of the input
+    std::vector<std::size_t> slot_lo_, slot_source_; ///< a reduce_scatter's slots
     mpi_call_header mine_;
     std::vector<step> steps_;
     std::size_t current_ = 0;
