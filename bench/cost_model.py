@@ -43,8 +43,9 @@ sums each message's own cost along the critical path):
     Rabenseifner        2 log2(P) a + 2 (P-1)/P m/b        + f 2 (a + m/b)
     ring                2 (p-1) (a + m/(p b))
 
-and a reduce-scatter or all-gather (MPI's own at scale: recursive halving or
-doubling) log2(P) a + (p-1)/p m/b. A DDP step all-reduces its gradients in
+and a reduce-scatter or all-gather (recursive halving or doubling: unison's own
+reduce-scatter over several nodes and all-gather below 64 KiB, MPI's at scale
+otherwise) log2(P) a + (p-1)/p m/b. A DDP step all-reduces its gradients in
 buckets (--bucket, --first); a FSDP step all-gathers each unit's parameters
 twice (forward and backward) and reduce-scatters its gradients. Calls run one
 after another and compute is left out: these are the step's communication
