@@ -152,9 +152,10 @@ TEST_CASE("mpi reduce_scatter: every algorithm gives the serial result") {
 }
 
 TEST_CASE("mpi reduce_scatter: recursive halving checks the call and loses nothing") {
-    // Rank n-1 passes a larger block (one element more, or three times as many):
-    // every rank hears of it before any output is written, in place or not, whichever
-    // step of the halving meets the difference.
+    // Rank n-1, or rank 0 (which folds in at 3 ranks), passes a larger block (one
+    // element more, or three times as many): every rank hears of it before any
+    // output is written, in place or not, whichever step of the halving meets the
+    // difference.
     // Tuned on one node, 1500 floats per rank take the halving (under 16 KiB in all
     // at 2 ranks, 64 KiB at 4) where the last rank's triple takes the direct
     // exchange: the two schedules' checks meet all the same.
@@ -167,13 +168,15 @@ TEST_CASE("mpi reduce_scatter: recursive halving checks the call and loses nothi
         const auto ranks = static_cast<std::size_t>(n);
         for (std::size_t count : {std::size_t{10}, std::size_t{1500}, std::size_t{5000}}) {
             for (bool in_place : {false, true}) {
-                for (bool triple : {false, true}) {
+                for (int kind = 0; kind < 4; ++kind) {
+                    const bool triple = (kind & 1) != 0;
+                    const int odd = (kind & 2) != 0 ? 0 : n - 1; // 0: folds in at 3 ranks
                     CAPTURE(unison::to_string(a));
                     CAPTURE(count);
                     CAPTURE(in_place);
                     CAPTURE(triple);
-                    const std::size_t mine =
-                        rank == n - 1 ? (triple ? 3 * count : count + 1) : count;
+                    CAPTURE(odd);
+                    const std::size_t mine = rank == odd ? (triple ? 3 * count : count + 1) : count;
                     std::vector<float> in(mine * ranks), out(mine, -1.0f);
                     for (std::size_t i = 0; i < in.size(); ++i) {
                         in[i] = static_cast<float>(value(rank, i, 9));
@@ -250,10 +253,10 @@ TEST_CASE("mpi all_gather: both algorithms give every rank's block") {
 }
 
 TEST_CASE("mpi all_gather: recursive doubling checks the call and loses nothing") {
-    // Rank n-1 passes a larger block (one element more, or three times as many;
-    // tuned on one node, 800 floats per rank take recursive doubling and the triple
-    // MPI's own at 2-4 ranks):
-    // every rank hears of it, and no output is written.
+    // Rank n-1, or rank 0 (which folds in at 3 ranks), passes a larger block (one
+    // element more, or three times as many; tuned on one node, 800 floats per rank
+    // take recursive doubling and the triple MPI's own at 2-4 ranks): every rank
+    // hears of it, and no output is written.
     for (unison::algorithm a :
          {unison::algorithm::recursive_doubling, unison::algorithm::automatic}) {
         auto comm = forced(a);
@@ -263,11 +266,14 @@ TEST_CASE("mpi all_gather: recursive doubling checks the call and loses nothing"
         }
         const auto ranks = static_cast<std::size_t>(n);
         for (std::size_t count : {std::size_t{10}, std::size_t{800}}) {
-            for (bool triple : {false, true}) {
+            for (int kind = 0; kind < 4; ++kind) {
+                const bool triple = (kind & 1) != 0;
+                const int odd = (kind & 2) != 0 ? 0 : n - 1; // 0: folds in at 3 ranks
                 CAPTURE(unison::to_string(a));
                 CAPTURE(count);
                 CAPTURE(triple);
-                const std::size_t mine = rank == n - 1 ? (triple ? 3 * count : count + 1) : count;
+                CAPTURE(odd);
+                const std::size_t mine = rank == odd ? (triple ? 3 * count : count + 1) : count;
                 std::vector<float> in(mine, static_cast<float>(rank + 1)), out(mine * ranks, -1.0f);
                 std::string field;
                 try {

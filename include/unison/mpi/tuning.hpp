@@ -132,9 +132,11 @@ constexpr bool rank_ordered_direct(std::size_t bytes, int ranks) noexcept {
 // On one node, measured for real (Open MPI 4.1 over shared memory, 2 and 4
 // processes): the halving's copies into scratch cost more than the direct
 // exchange's one step from 16 KiB at 2 processes (8.3 us against 5.5 at 16 KiB,
-// 88 against 45 at 256 KiB) and from 256 KiB at 4 (208 against 184); below that it
-// was 0.7-0.9x the direct exchange's time. Simulated nodes of 4 and 8 ranks agree
-// (the direct exchange 0.56-0.60x MPI's best from 128 KiB, the halving 0.69-0.73x).
+// 88 against 45 at 256 KiB) and at 256 KiB at 4 (208 against 184); below that it
+// was 0.7-0.9x the direct exchange's time (64 against 71 us at 64 KiB, 4
+// processes). Simulated nodes of 4 and 8 ranks agree (the two within 10% at 64 KiB,
+// the direct exchange 0.56-0.60x MPI's best from 128 KiB, the halving 0.69-0.73x),
+// so the direct exchange takes over at 64 KiB. 3 ranks (a fold) were not measured.
 
 /// One node: recursive halving below this many bytes (the input), over 2 ranks ...
 inline constexpr std::size_t pair_halving_max_bytes = 16 * 1024;

@@ -5,8 +5,10 @@
 /// handshake (handshake.hpp: every rank's signature checked, all-reduces by recursive
 /// doubling done along the way), then posts the rest as non-blocking MPI calls (or
 /// as a ring, ring_allreduce.hpp) and drives it to completion by polling. An
-/// all-reduce runs the algorithm that mpi/tuning.hpp picks; Rabenseifner's
-/// (rabenseifner.hpp) carries the check in its own first steps. `mpi_rank_state`,
+/// all-reduce, reduce_scatter or all_gather runs the algorithm that mpi/tuning.hpp
+/// picks; Rabenseifner's schedules (rabenseifner.hpp: the all-reduce, its halving as
+/// a reduce_scatter, recursive doubling as an all_gather) carry the check in their
+/// own messages. `mpi_rank_state`,
 /// which every request of a communicator points at, bounds each wait by the
 /// communicator's timeout, keeps the calls that timed out, and recycles operations
 /// so that a handshake allocates nothing once the communicator has warmed up (the
@@ -719,7 +721,7 @@ private:
     std::uint64_t sequence_ = 0;
     phase phase_ = phase::posted;
     mpi_handshake handshake_;
-    algorithm algorithm_ = algorithm::automatic; ///< an all-reduce's (tuning.hpp)
+    algorithm algorithm_ = algorithm::automatic; ///< the call's (tuning.hpp)
     bool fused_ = false;       ///< an all-reduce by recursive doubling, done inside the handshake
     bool ordered_ = false;     ///< posts an MPI collective, in issue order
     std::exception_ptr error_; ///< kept when another call's wait drove this one
@@ -730,7 +732,7 @@ private:
     bool divide_ = false;
     bool copy_back_ = false;
     std::optional<mpi_ring_allreduce> ring_;       ///< all-reduces by the ring only
-    std::optional<mpi_rabenseifner> rab_;          ///< all-reduces by Rabenseifner only
+    std::optional<mpi_rabenseifner> rab_;          ///< rabenseifner.hpp's schedules only
     std::optional<mpi_rank_ordered> ordered_fold_; ///< deterministic reductions only
     std::vector<std::byte> scratch_;
     std::vector<std::byte> stage_;         ///< coalesced: the pieces copied, see stage_pieces

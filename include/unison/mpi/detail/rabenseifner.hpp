@@ -59,8 +59,8 @@
 
 namespace unison::detail {
 
-/// One all-reduce by Rabenseifner's algorithm, with the call check riding its first
-/// steps. The operation that owns it keeps the call, the label and the buffers alive.
+/// One all-reduce by Rabenseifner's algorithm, reduce_scatter by its halving or
+/// all_gather by recursive doubling, with the call check riding its steps. The operation that owns it keeps the call, the label and the buffers alive.
 class mpi_rabenseifner {
 public:
     /// Plans the all-reduce `call` (`count` elements in `send` and `recv`, which may
@@ -108,12 +108,13 @@ public:
     mpi_rabenseifner(const mpi_rabenseifner&) = delete;
     mpi_rabenseifner& operator=(const mpi_rabenseifner&) = delete;
 
-    /// Bytes of scratch it needs: the partial sums (the whole buffer on a rank that
-    /// folds in, half of it otherwise) and the largest half it receives.
+    /// Bytes of scratch it needs: the partial sums (an all-reduce's whole buffer on a
+    /// rank that folds in, half of it otherwise; a reduce_scatter's whole input; an
+    /// all_gather's whole output) and the largest half it receives.
     std::size_t scratch_bytes() const noexcept { return (partial_elems_ + incoming_elems_) * es_; }
 
     /// Posts the first step. `scratch` holds scratch_bytes() and `send_stage` and
-    /// `recv_stage` (grown here) the first messages, until the all-reduce is done.
+    /// `recv_stage` (grown here) the first messages, until the call is done.
     void start(std::byte* scratch, std::vector<std::byte>& send_stage,
                std::vector<std::byte>& recv_stage) {
         partial_ = scratch;
@@ -558,6 +559,14 @@ private:
                                           ? sizeof(mpi_call_fault)
                                           : static_cast<std::size_t>(theirs.following);
         const std::size_t sent = mpi_header_bytes + announced;
+        if (n > sent) { // never from a rank running this code: nothing past what it says
+            throw mismatch_error(rank_, label_.str(),
+                                 "rank " + std::to_string(s.peer) + " sent a " + std::to_string(n) +
+                                     "-byte message whose header announced " +
+                                     std::to_string(sent) +
+                                     " bytes: it is not running this collective",
+                                 s.peer, "operation");
+        }
         const std::size_t rest = sent > n && n == mpi_first_part(sent) ? sent - n : 0;
         bool takes_data = false;
         if (theirs.faulted != 0) {
