@@ -545,6 +545,13 @@ int run_thread_backend(const bench_config& cfg) {
         lines.push_back(host_rank(r, "thread " + std::to_string(r)));
     }
     run_info info = make_run_info(cfg, cfg.thread_ranks, cfg.thread_ranks, 0, std::move(lines));
+    if (cfg.collective == collective_kind::all_reduce ||
+        cfg.collective == collective_kind::reduce_scatter) {
+        // One schedule at every size (thread/tuning.hpp); named as the MPI rows name theirs.
+        info.algorithm_at = [](std::size_t) {
+            return std::string(to_string(thread_all_reduce_algorithm(algorithm::automatic)));
+        };
+    }
     const std::unique_ptr<reporter> out = make_reporter(cfg, info);
     std::uint64_t wrong = 0;
     thread_world(cfg.thread_ranks).run([&](thread_communicator& comm) {

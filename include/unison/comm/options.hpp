@@ -27,8 +27,11 @@ struct comm_options {
     /// `native` and `recursive_doubling` the all_gather's).
     /// Every rank must pass the same: the MPI communicator's constructor compares
     /// them (an `argument_error` on every rank naming one that differs), and each
-    /// call's header carries it too. The thread and NCCL backends have one algorithm each
-    /// (NCCL chooses its own; NCCL_ALGO steers it) and ignore this.
+    /// call's header carries it too. The thread and NCCL backends have one schedule
+    /// each and take only its name: the thread backend rank_ordered (or automatic;
+    /// thread/tuning.hpp), NCCL native (or automatic; NCCL chooses its own algorithm,
+    /// NCCL_ALGO steers it: nccl/tuning.hpp). Any other is an `argument_error` when
+    /// the world or communicator is made, not ignored.
     algorithm all_reduce_algorithm = algorithm::automatic;
     /// Deterministic reductions: every all_reduce, reduce and reduce_scatter folds
     /// each element over the ranks in rank order, ((x0 op x1) op x2) ..., in the

@@ -13,6 +13,7 @@
 #include "unison/core/detail/clock.hpp"
 #include "unison/cuda/check.hpp"
 #include "unison/nccl/detail/nccl_check.hpp"
+#include "unison/nccl/tuning.hpp"
 #include "unison/rendezvous/launch.hpp"
 #include "unison/rendezvous/tcp_store.hpp"
 
@@ -24,6 +25,7 @@
 #include "unison/mpi/launch.hpp"
 #endif
 
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -200,7 +202,7 @@ public:
     /// share this node (mpi_launch).
     static nccl_communicator from_mpi(MPI_Comm mpi,
                                       comm_options options = comm_options::from_env()) {
-        refuse_deterministic(options, -1, "nccl_communicator::from_mpi");
+        nccl_check_options(options, -1, "nccl_communicator::from_mpi");
         int rank = 0, size = 1;
         UNISON_CHECK_MPI(MPI_Comm_rank(mpi, &rank), -1, "nccl_communicator::from_mpi");
         UNISON_CHECK_MPI(MPI_Comm_size(mpi, &size), rank, "nccl_communicator::from_mpi");
@@ -240,7 +242,7 @@ public:
                                         comm_options options = comm_options::from_env()) {
         const char* operation = "nccl_communicator::from_store";
         const int rank = store.rank();
-        refuse_deterministic(options, rank, operation);
+        nccl_check_options(options, rank, operation);
         int devices = 0;
         UNISON_CHECK_CUDA(cudaGetDeviceCount(&devices), rank, operation);
         const int device = local_device(store_launch(store), devices);
@@ -289,13 +291,18 @@ public:
     nccl_communicator(ncclComm_t comm, cudaStream_t stream, int device,
                       comm_options options = comm_options::from_env())
         : nccl_communicator(comm, stream, device, false,
-                            (refuse_deterministic(options, -1, "nccl_communicator"), options)) {}
+                            (nccl_check_options(options, -1, "nccl_communicator"), options)) {}
 
     int rank() const noexcept {
         return state_->rank;
     }
     int size() const noexcept {
         return state_->size;
+    }
+    /// The algorithm that carries an all-reduce of `bytes`: native, NCCL's own
+    /// choice, at every size (nccl/tuning.hpp).
+    algorithm all_reduce_algorithm(std::size_t /*bytes*/) const noexcept {
+        return algorithm::native;
     }
     const comm_options& options() const noexcept {
         return state_->options;
@@ -367,18 +374,6 @@ public:
     }
 
 private:
-    /// NCCL reduces in an order of its own choosing (rings, trees, by size and
-    /// topology), so comm_options::deterministic cannot hold: refused before anything
-    /// is made, rather than ignored.
-    static void refuse_deterministic(const comm_options& options, int rank, const char* operation) {
-        if (options.deterministic) {
-            throw argument_error(rank, operation,
-                                 "comm_options::deterministic (UNISON_DETERMINISTIC) asks for "
-                                 "rank-order sums, which NCCL does not give; use the thread "
-                                 "backend on one GPU or MPI, or turn it off");
-        }
-    }
-
     nccl_communicator(ncclComm_t comm, cudaStream_t stream, int device, bool owns,
                       comm_options options)
         : state_(std::make_unique<detail::nccl_rank_state>(comm, stream, device, owns, options)) {}

@@ -29,6 +29,7 @@
 #include "unison/cuda/stream.hpp"
 #include "unison/kernels/reduce.cuh"
 #include "unison/thread/thread_communicator.hpp"
+#include "unison/thread/tuning.hpp"
 
 #include <cuda_runtime.h>
 
@@ -105,11 +106,7 @@ public:
         case operation::all_reduce:
         case operation::reduce: {
             // My share of everyone's input, written to every output (or the root's).
-            const std::size_t per_line = std::max<std::size_t>(1, 256 / es);
-            std::size_t per_rank = (call.count + n - 1) / static_cast<std::size_t>(n);
-            per_rank = (per_rank + per_line - 1) / per_line * per_line;
-            const std::size_t lo = std::min(call.count, per_rank * static_cast<std::size_t>(rank));
-            const std::size_t hi = std::min(call.count, lo + per_rank);
+            const auto [lo, hi] = thread_tuning::share_of(call.count, es, n, rank);
             if (lo == hi) {
                 return;
             }

@@ -6,6 +6,7 @@
 /// its own share straight between the peers' buffers -- no central copy and no
 /// allocation per call.
 
+#include "unison/comm/algorithm.hpp"
 #include "unison/comm/collective.hpp"
 #include "unison/comm/communicator.hpp"
 #include "unison/comm/options.hpp"
@@ -19,6 +20,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <exception>
 #include <memory>
 #include <string>
@@ -82,6 +84,16 @@ public:
     int size() const noexcept { return state_->group->size; }
     /// Timeout and checking behaviour.
     const comm_options& options() const noexcept { return state_->options; }
+    /// The algorithm that carries an all_reduce, reduce or reduce_scatter of `bytes`:
+    /// rank_ordered at every size (thread/tuning.hpp), the same query as
+    /// mpi_communicator's.
+    algorithm all_reduce_algorithm(std::size_t /*bytes*/) const noexcept {
+        return algorithm::rank_ordered;
+    }
+    /// As all_reduce_algorithm: rank_ordered.
+    algorithm reduce_scatter_algorithm(std::size_t /*bytes*/) const noexcept {
+        return algorithm::rank_ordered;
+    }
 
     /// Runs `call` to completion (after any earlier non-blocking calls of this rank).
     void execute(const collective_call& call) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "unison/thread/thread_communicator.hpp"
+#include "unison/thread/tuning.hpp"
 
 #include <exception>
 #include <memory>
@@ -22,13 +23,16 @@ namespace unison {
 /// same way.
 class thread_world {
 public:
-    /// A world of `ranks` ranks (>= 1).
+    /// A world of `ranks` ranks (>= 1). An `options.all_reduce_algorithm` other than
+    /// automatic or rank_ordered, the one schedule this backend has, is an
+    /// argument_error (thread/tuning.hpp).
     explicit thread_world(int ranks, comm_options options = comm_options::from_env())
         : ranks_(ranks), options_(options) {
         if (ranks < 1) {
             throw argument_error(-1, "thread_world",
                                  "needs at least one rank, got " + std::to_string(ranks));
         }
+        thread_all_reduce_algorithm(options.all_reduce_algorithm);
     }
 
     /// Number of ranks.

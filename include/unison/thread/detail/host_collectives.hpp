@@ -11,6 +11,7 @@
 #include "unison/core/dtype.hpp"
 #include "unison/core/reduce_op.hpp"
 #include "unison/thread/detail/thread_group.hpp"
+#include "unison/thread/tuning.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -50,8 +51,7 @@ public:
         case operation::reduce: {
             // Reduce my share of everyone's input and write it to every output (all_reduce)
             // or to the root's (reduce).
-            std::size_t lo = 0, hi = 0;
-            share(call.count, es, n, rank, lo, hi);
+            const auto [lo, hi] = thread_tuning::share_of(call.count, es, n, rank);
             if (lo == hi) {
                 return;
             }
@@ -64,7 +64,8 @@ public:
             }
             host_reduce(call.type, call.reduction, inputs_.data(), n, outputs_.data(), outs,
                         hi - lo, divisor,
-                        call.send != call.recv && call.count * es >= streaming_min_bytes);
+                        call.send != call.recv &&
+                            call.count * es >= thread_tuning::streaming_min_bytes);
             return;
         }
         case operation::reduce_scatter: {
@@ -116,8 +117,7 @@ private:
         const int n = group.size;
         const std::size_t es = size_of(call.type);
         const int divisor = call.reduction == reduce_op::avg ? n : 1;
-        std::size_t lo = 0, hi = 0;
-        share(call.count, es, n, rank, lo, hi);
+        const auto [lo, hi] = thread_tuning::share_of(call.count, es, n, rank);
         std::size_t start = 0; // of piece k, in elements of the whole
         for (std::size_t k = 0; k < call.pieces.size() && start < hi; ++k) {
             const std::size_t count = call.pieces[k].count;
@@ -133,28 +133,6 @@ private:
             }
             start += count;
         }
-    }
-
-    /// Out-of-place outputs at least this large are written with non-temporal stores:
-    /// they exceed the caches, and skipping the destination's read-for-ownership saves
-    /// a third of the memory traffic. In place, the lines were just read and are in
-    /// cache, so plain stores win (both measured in docs/performance.md).
-#ifndef UNISON_THREAD_STREAMING_MIN_BYTES
-    static constexpr std::size_t streaming_min_bytes = std::size_t{1} << 20;
-#else
-    static constexpr std::size_t streaming_min_bytes = UNISON_THREAD_STREAMING_MIN_BYTES;
-#endif
-
-    /// Element range [lo, hi) of `count` that `r` reduces: equal shares rounded to
-    /// 256 bytes so that no two ranks write the same cache line.
-    static void share(std::size_t count, std::size_t elem, int ranks, int r, std::size_t& lo,
-                      std::size_t& hi) {
-        const std::size_t per_line = std::max<std::size_t>(1, 256 / elem);
-        std::size_t per_rank =
-            (count + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
-        per_rank = (per_rank + per_line - 1) / per_line * per_line;
-        lo = std::min(count, per_rank * static_cast<std::size_t>(r));
-        hi = std::min(count, lo + per_rank);
     }
 
     static const std::byte* at(const void* p, std::size_t elements, std::size_t elem) {
