@@ -572,26 +572,13 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
             } else if (spec->long_name == "baseline") {
                 cfg.baseline = true;
             } else if (spec->long_name == "algorithm") {
-                cfg.algorithms.clear();
-                for (std::string_view rest = value; !rest.empty();) {
-                    const std::size_t comma = rest.find(',');
-                    const std::string_view name = rest.substr(0, comma);
-                    if (name == "all") {
-                        cfg.algorithms.insert(cfg.algorithms.end(), all_algorithms.begin(),
-                                              all_algorithms.end());
-                    } else if (const auto a = algorithm_from_string(name)) {
-                        cfg.algorithms.push_back(*a);
-                    } else {
-                        throw bad("a list of all-reduce algorithms (automatic, "
-                                  "recursive_doubling, two_level, rabenseifner, ring, native, "
-                                  "rank_ordered) or all");
-                    }
-                    rest = comma == std::string_view::npos ? std::string_view{}
-                                                           : rest.substr(comma + 1);
+                const auto named = algorithms_from_string(value);
+                if (!named) {
+                    throw bad("a list of all-reduce algorithms (automatic, "
+                              "recursive_doubling, two_level, rabenseifner, ring, native, "
+                              "rank_ordered) or all");
                 }
-                if (cfg.algorithms.empty()) {
-                    throw bad("a list of all-reduce algorithms");
-                }
+                cfg.algorithms = *named;
             } else if (spec->long_name == "rounds") {
                 cfg.rounds = static_cast<int>(integer_in(1, 1000, "a round count in [1, 1000]"));
             } else if (spec->long_name == "min-busbw") {

@@ -92,23 +92,16 @@ std::size_t parse_bytes(const char* s) {
     return static_cast<std::size_t>(v * scale);
 }
 
+/// -a's list (comm/algorithm.hpp's syntax), or "none": MPI's rows alone.
 std::vector<unison::algorithm> parse_algorithms(std::string_view list) {
-    std::vector<unison::algorithm> out;
-    while (!list.empty()) {
-        const auto comma = list.find(',');
-        const std::string_view name = list.substr(0, comma);
-        if (name == "none") {
-            out.clear();
-        } else if (name == "all") {
-            out.assign(unison::all_algorithms.begin(), unison::all_algorithms.end());
-        } else if (const auto a = unison::algorithm_from_string(name)) {
-            out.push_back(*a);
-        } else {
-            throw std::invalid_argument("no algorithm named '" + std::string(name) + "'");
-        }
-        list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+    if (list == "none") {
+        return {};
     }
-    return out;
+    const auto named = unison::algorithms_from_string(list);
+    if (!named) {
+        throw std::invalid_argument("'" + std::string(list) + "' is not a list of algorithms");
+    }
+    return *named;
 }
 
 options parse(int argc, char** argv) {

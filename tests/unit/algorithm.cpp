@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <vector>
 
 TEST_CASE("algorithm names round-trip and unknown names are refused") {
     for (unison::algorithm a : unison::all_algorithms) {
@@ -21,6 +22,23 @@ TEST_CASE("algorithm names round-trip and unknown names are refused") {
     }
     CHECK_FALSE(unison::algorithm_from_string("rings").has_value());
     CHECK_FALSE(unison::algorithm_from_string("").has_value());
+}
+
+TEST_CASE("algorithm lists: names in order, all for every one, anything else refused") {
+    using unison::algorithm;
+    using list = std::vector<algorithm>;
+    CHECK(unison::algorithms_from_string("ring") == list{algorithm::ring});
+    CHECK(unison::algorithms_from_string("native,ring,native") ==
+          list{algorithm::native, algorithm::ring, algorithm::native});
+    const auto all = unison::algorithms_from_string("two_level,all");
+    REQUIRE(all.has_value());
+    CHECK(all->size() == unison::all_algorithms.size() + 1);
+    CHECK(all->front() == algorithm::two_level);
+    CHECK(std::set<algorithm>(all->begin(), all->end()).size() == unison::all_algorithms.size());
+    for (const char* bad : {"", ",", "ring,", ",ring", "ring,,native", "rings", "ring native"}) {
+        CAPTURE(bad);
+        CHECK_FALSE(unison::algorithms_from_string(bad).has_value());
+    }
 }
 
 TEST_CASE("UNISON_ALGORITHM forces an algorithm; a name that is none is an error") {

@@ -9,8 +9,10 @@
 /// nccl/tuning.hpp (native: NCCL chooses its own).
 
 #include <array>
+#include <cstddef>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace unison {
 
@@ -72,6 +74,28 @@ constexpr std::optional<algorithm> algorithm_from_string(std::string_view name) 
         }
     }
     return std::nullopt;
+}
+
+/// The algorithms a comma-separated list names, in order ("ring,native"; "all" stands
+/// for every one, automatic included), as the benchmarks' --algorithm and -a take
+/// them; nullopt when the list or an entry is empty or an entry names none.
+inline std::optional<std::vector<algorithm>> algorithms_from_string(std::string_view list) {
+    std::vector<algorithm> out;
+    for (;;) {
+        const std::size_t comma = list.find(',');
+        const std::string_view name = list.substr(0, comma);
+        if (name == "all") {
+            out.insert(out.end(), all_algorithms.begin(), all_algorithms.end());
+        } else if (const auto a = algorithm_from_string(name)) {
+            out.push_back(*a);
+        } else {
+            return std::nullopt;
+        }
+        if (comma == std::string_view::npos) {
+            return out;
+        }
+        list.remove_prefix(comma + 1);
+    }
 }
 
 } // namespace unison
