@@ -206,21 +206,35 @@ TEST_CASE("mpi reduce_scatter: recursive halving checks the call and loses nothi
     }
 }
 
-TEST_CASE("mpi all_gather: both algorithms give every rank's block") {
-    // recursive_doubling (the call check riding every message) and native (MPI's
-    // own after the check), forced, and the tuning's choice.
-    for (unison::algorithm a : {unison::algorithm::automatic, unison::algorithm::recursive_doubling,
-                                unison::algorithm::native}) {
+TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
+    // recursive_doubling (the call check riding every message), the ring and native
+    // (MPI's own) after the check, forced, and the tuning's choice, on one node and
+    // with every 2 ranks taken as a node (where the tuning runs the ring from 64
+    // KiB: 70001 doubles).
+    struct run {
+        unison::algorithm a;
+        int ranks_per_node;
+    };
+    for (run r : {run{unison::algorithm::automatic, 0},
+                  run{unison::algorithm::recursive_doubling, 0}, run{unison::algorithm::ring, 0},
+                  run{unison::algorithm::native, 0}, run{unison::algorithm::automatic, 2}}) {
+        const unison::algorithm a = r.a;
         CAPTURE(unison::to_string(a));
-        auto comm = forced(a);
+        CAPTURE(r.ranks_per_node);
+        auto comm = r.ranks_per_node == 0 ? forced(a) : on_nodes(a, r.ranks_per_node);
         const int rank = comm.rank(), n = comm.size();
         const auto ranks = static_cast<std::size_t>(n);
-        const std::size_t probe = 1000 * ranks * sizeof(double);
-        CHECK(comm.all_gather_algorithm(probe) ==
-              (n == 1 ? unison::algorithm::native
-               : a != unison::algorithm::automatic
-                   ? a
-                   : unison::mpi_tuning::all_gather(probe, n, comm.one_node())));
+        for (std::size_t probe : {1000 * ranks * sizeof(double), 70001 * ranks * sizeof(double)}) {
+            CHECK(comm.all_gather_algorithm(probe) ==
+                  (n == 1 ? unison::algorithm::native
+                   : a != unison::algorithm::automatic
+                       ? a
+                       : unison::mpi_tuning::all_gather(probe, n, comm.node_ranks())));
+        }
+        if (r.ranks_per_node == 2 && n == 4) {
+            CHECK(comm.all_gather_algorithm(70001 * ranks * sizeof(double)) ==
+                  unison::algorithm::ring);
+        }
         std::uint64_t seed = 700;
         for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000},
                                   std::size_t{5000}, std::size_t{70001}}) {
@@ -252,13 +266,13 @@ TEST_CASE("mpi all_gather: both algorithms give every rank's block") {
     }
 }
 
-TEST_CASE("mpi all_gather: recursive doubling checks the call and loses nothing") {
+TEST_CASE("mpi all_gather: every algorithm checks the call and loses nothing") {
     // Rank n-1, or rank 0 (which folds in at 3 ranks), passes a larger block (one
     // element more, or three times as many; tuned on one node, 800 floats per rank
     // take recursive doubling and the triple MPI's own at 2-4 ranks): every rank
-    // hears of it, and no output is written.
-    for (unison::algorithm a :
-         {unison::algorithm::recursive_doubling, unison::algorithm::automatic}) {
+    // hears of it, and no output is written. The ring checks before it moves data.
+    for (unison::algorithm a : {unison::algorithm::recursive_doubling, unison::algorithm::automatic,
+                                unison::algorithm::ring}) {
         auto comm = forced(a);
         const int rank = comm.rank(), n = comm.size();
         if (n < 2) {

@@ -197,32 +197,44 @@ TEST_CASE("mpi tuning: the reduce_scatter halves small buffers on one node and m
     }
 }
 
-TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers, MPI's own for "
-          "the rest; either when forced") {
+TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers, the ring over "
+          "nodes of several ranks, MPI's own for the rest; any of the three when forced") {
     using unison::algorithm;
     namespace tuning = unison::mpi_tuning;
-    const auto tuned = [](std::size_t bytes, int ranks, bool one_node) {
-        return unison::mpi_all_gather_algorithm(algorithm::automatic, bytes, ranks, one_node);
+    // node_ranks: the most ranks on one node (ranks: one node; 1: a rank per node).
+    const auto tuned = [](std::size_t bytes, int ranks, int node_ranks) {
+        return unison::mpi_all_gather_algorithm(algorithm::automatic, bytes, ranks, node_ranks);
     };
-    CHECK(tuned(tuning::node_all_gather_doubling_max_bytes - 1, 4, true) ==
+    CHECK(tuned(tuning::node_all_gather_doubling_max_bytes - 1, 4, 4) ==
           algorithm::recursive_doubling);
-    CHECK(tuned(tuning::node_all_gather_doubling_max_bytes, 4, true) == algorithm::native);
-    CHECK(tuned(tuning::node_all_gather_doubling_max_bytes, 64, false) ==
+    CHECK(tuned(tuning::node_all_gather_doubling_max_bytes, 4, 4) == algorithm::native);
+    CHECK(tuned(tuning::node_all_gather_doubling_max_bytes, 64, 1) ==
           algorithm::recursive_doubling);
-    CHECK(tuned(tuning::all_gather_doubling_max_bytes - 1, 24, false) ==
+    CHECK(tuned(tuning::node_all_gather_doubling_max_bytes, 64, 8) ==
           algorithm::recursive_doubling);
-    CHECK(tuned(tuning::all_gather_doubling_max_bytes, 24, false) == algorithm::native);
+    CHECK(tuned(tuning::all_gather_doubling_max_bytes - 1, 24, 1) == algorithm::recursive_doubling);
+    CHECK(tuned(tuning::all_gather_doubling_max_bytes, 24, 1) == algorithm::native);
+    CHECK(tuned(tuning::all_gather_doubling_max_bytes - 1, 32, 8) == algorithm::recursive_doubling);
+    for (std::size_t bytes = tuning::all_gather_doubling_max_bytes; bytes <= (std::size_t{1} << 34);
+         bytes *= 4) {
+        CHECK(tuned(bytes, 32, 8) == algorithm::ring);
+        CHECK(tuned(bytes, 12, 2) == algorithm::ring);
+        CHECK(tuned(bytes, 8, 8) == algorithm::native); // one node
+        CHECK(tuned(bytes, 1024, 1) == algorithm::native);
+    }
     for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20}) {
-        for (algorithm forced : {algorithm::recursive_doubling, algorithm::native}) {
-            CHECK(unison::mpi_all_gather_algorithm(forced, bytes, 8, false) == forced);
+        for (algorithm forced :
+             {algorithm::recursive_doubling, algorithm::ring, algorithm::native}) {
+            CHECK(unison::mpi_all_gather_algorithm(forced, bytes, 8, 1) == forced);
+            CHECK(unison::mpi_all_gather_algorithm(forced, bytes, 8, 8) == forced);
         }
-        // The reductions' algorithms leave the all_gather to the tuning.
-        for (algorithm other : {algorithm::rabenseifner, algorithm::rank_ordered, algorithm::ring,
-                                algorithm::two_level}) {
-            CHECK(unison::mpi_all_gather_algorithm(other, bytes, 8, false) ==
-                  tuned(bytes, 8, false));
+        // The reductions' other algorithms leave the all_gather to the tuning.
+        for (algorithm other :
+             {algorithm::rabenseifner, algorithm::rank_ordered, algorithm::two_level}) {
+            CHECK(unison::mpi_all_gather_algorithm(other, bytes, 8, 1) == tuned(bytes, 8, 1));
+            CHECK(unison::mpi_all_gather_algorithm(other, bytes, 16, 8) == tuned(bytes, 16, 8));
         }
-        CHECK(unison::mpi_all_gather_algorithm(algorithm::recursive_doubling, bytes, 1, true) ==
+        CHECK(unison::mpi_all_gather_algorithm(algorithm::recursive_doubling, bytes, 1, 1) ==
               algorithm::native);
     }
 }

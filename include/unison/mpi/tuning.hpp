@@ -75,8 +75,13 @@ inline constexpr std::size_t node_rabenseifner_min_bytes = 128 * 1024;
 inline constexpr std::size_t few_ranks_rabenseifner_min_bytes = 2 * 1024 * 1024;
 /// ... up to 8 ...
 inline constexpr std::size_t some_ranks_rabenseifner_min_bytes = 16 * 1024;
-/// ... and more.
-inline constexpr std::size_t many_ranks_rabenseifner_min_bytes = 8 * 1024;
+/// ... and more: the same. Over MPI's best at 16-128 ranks, one per node: at 8
+/// KiB recursive doubling 0.78-1.04x on the flat cluster and 0.75-0.99x on the fat
+/// tree, Rabenseifner 1.30-1.64x and 0.91-1.27x; at 16 KiB Rabenseifner 0.70-1.01x
+/// and 0.41-1.02x, recursive doubling 0.77-1.01x and 0.92-2.14x (sweeps by factors
+/// of 2; an 8 KiB threshold, read off a sweep by factors of 8, had left 8 KiB at
+/// 1.30-1.38x on the flat cluster).
+inline constexpr std::size_t many_ranks_rabenseifner_min_bytes = 16 * 1024;
 
 // ---- Rank counts that are not a power of two, measured the same way at 3, 6, 12,
 // 24, 48 and 96 ranks. Rabenseifner's fold makes the ranks beyond the largest power of two
@@ -168,10 +173,12 @@ constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, bool one_node) 
     return algorithm::rabenseifner;
 }
 
-// ---- all_gather. Two ways: recursive doubling with the call check riding every
+// ---- all_gather. Three ways: recursive doubling with the call check riding every
 // message (rabenseifner.hpp's all_gather: log2(n) steps, the data gathered in
-// scratch and copied out at the end), and MPI's own after the check (native), whose
-// check is a recursive doubling of its own before any data moves.
+// scratch and copied out at the end); after the check (a recursive doubling of its
+// own, before any data moves), the ring (ring_allreduce.hpp's second half: n - 1
+// steps, each rank's block passed on to the next rank, straight into the outputs)
+// or MPI's own (native).
 //
 // Measured in simulation (docs/performance.md, "reduce_scatter and all_gather at
 // scale"; 4 to 32 ranks on the three clusters): recursive doubling was 1.02-1.09x
@@ -181,9 +188,20 @@ constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, bool one_node) 
 // processes): recursive doubling took 1.3-2.8 us at 2-8 KiB against native's
 // 2.2-4.2, and 6.1 against 3.1-5.5 at 16 KiB (its 8 KiB messages cut in two, where
 // MPI's shared-memory path copies once).
+//
+// Over nodes of several ranks, every message of recursive doubling and of the
+// MPI's own crosses the node's one NIC beside the node's other ranks' (the
+// simulated MPI's non-blocking all-gather posts every block to every rank at
+// once), while the ring, ranks numbered node by node, sends one block at a time
+// out of each node. Over MPI's best on nodes of 8 (16 and 32 ranks): from 64 KiB
+// the ring 0.42-0.93x, native 0.63-2.43x, recursive doubling 0.81-2.51x; at 4-16
+// KiB the ring 2.44-3.56x (n - 1 latencies), recursive doubling 1.04-1.07x. With one
+// rank per node or on one node the ring lost everywhere (1.02-4.38x against native's
+// 0.26-1.62x), so it runs only over several nodes of several ranks.
 
 /// Recursive doubling below this many bytes (the output: count times the ranks)
-/// over several nodes, MPI's own from there ...
+/// over several nodes, from there the ring over nodes of several ranks and MPI's
+/// own over nodes of one ...
 inline constexpr std::size_t all_gather_doubling_max_bytes = 64 * 1024;
 /// ... and on one node.
 inline constexpr std::size_t node_all_gather_doubling_max_bytes = 16 * 1024;
@@ -192,11 +210,19 @@ static_assert(node_all_gather_doubling_max_bytes <= all_gather_doubling_max_byte
               "a node's shared memory makes MPI's own all-gather cheap sooner");
 
 /// The algorithm that carries an all_gather of `bytes` in all over `ranks` ranks;
-/// `one_node` when every rank shares memory with every other.
-constexpr algorithm all_gather(std::size_t bytes, int ranks, bool one_node) noexcept {
+/// `node_ranks` is the most ranks one node holds (`ranks` when every rank shares
+/// memory with every other, 1 with one rank per node).
+constexpr algorithm all_gather(std::size_t bytes, int ranks, int node_ranks) noexcept {
+    const bool one_node = node_ranks >= ranks;
     const std::size_t doubling_below =
         one_node ? node_all_gather_doubling_max_bytes : all_gather_doubling_max_bytes;
-    return ranks > 1 && bytes < doubling_below ? algorithm::recursive_doubling : algorithm::native;
+    if (ranks <= 1 || one_node) {
+        return ranks > 1 && bytes < doubling_below ? algorithm::recursive_doubling
+                                                   : algorithm::native;
+    }
+    return bytes < doubling_below ? algorithm::recursive_doubling
+           : node_ranks > 1       ? algorithm::ring
+                                  : algorithm::native;
 }
 
 static_assert(many_ranks_rabenseifner_min_bytes <= some_ranks_rabenseifner_min_bytes &&
@@ -334,17 +360,19 @@ constexpr algorithm mpi_reduce_scatter_algorithm(algorithm forced, std::size_t b
 }
 
 /// The algorithm the MPI backend's all_gather of `bytes` in all runs over `ranks`
-/// ranks, `forced` being mpi_forced_algorithm's: recursive_doubling or native when
-/// forced, otherwise (any other algorithm forced, the all-reduce's or the
-/// reductions') the tuning's choice.
+/// ranks (`node_ranks`: the most of them on one node), `forced` being
+/// mpi_forced_algorithm's: recursive_doubling, ring or native when forced,
+/// otherwise (any other algorithm forced, the all-reduce's or the reductions') the
+/// tuning's choice.
 constexpr algorithm mpi_all_gather_algorithm(algorithm forced, std::size_t bytes, int ranks,
-                                             bool one_node) noexcept {
+                                             int node_ranks) noexcept {
     if (ranks <= 1) {
         return algorithm::native;
     }
-    return forced == algorithm::recursive_doubling || forced == algorithm::native
+    return forced == algorithm::recursive_doubling || forced == algorithm::ring ||
+                   forced == algorithm::native
                ? forced
-               : mpi_tuning::all_gather(bytes, ranks, one_node);
+               : mpi_tuning::all_gather(bytes, ranks, node_ranks);
 }
 
 /// The algorithm the MPI backend runs for an all-reduce of `bytes` over `ranks`

@@ -371,7 +371,7 @@ public:
         } else if (c.op == operation::all_gather) {
             algorithm_ = mpi_all_gather_algorithm(
                 state_.forced, c.count * size_of(c.type) * static_cast<std::size_t>(state_.size),
-                state_.size, state_.one_node);
+                state_.size, state_.nodes.node_ranks);
         } else if (c.op == operation::reduce && state_.options.deterministic && state_.size > 1) {
             algorithm_ = algorithm::rank_ordered;
         } else {
@@ -509,6 +509,12 @@ private:
             return;
         }
         case operation::all_gather: {
+            if (algorithm_ == algorithm::ring) {
+                ring_.emplace(mpi_ring_allreduce::all_gather, comm, state_.rank, n, call_, label_,
+                              sequence_);
+                ring_->start(nullptr);
+                return;
+            }
             const bool in_place = static_cast<const std::byte*>(c.send) ==
                                   static_cast<const std::byte*>(c.recv) +
                                       static_cast<std::size_t>(state_.rank) * c.count * es;
@@ -731,7 +737,7 @@ private:
     bool done_ = false;
     bool divide_ = false;
     bool copy_back_ = false;
-    std::optional<mpi_ring_allreduce> ring_;       ///< all-reduces by the ring only
+    std::optional<mpi_ring_allreduce> ring_;       ///< all-reduces and all_gathers by the ring
     std::optional<mpi_rabenseifner> rab_;          ///< rabenseifner.hpp's schedules only
     std::optional<mpi_rank_ordered> ordered_fold_; ///< deterministic reductions only
     std::vector<std::byte> scratch_;

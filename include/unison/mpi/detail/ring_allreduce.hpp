@@ -6,7 +6,8 @@
 /// owning it drives step by step by polling. The elements it reduces are one buffer
 /// or several laid end to end (a coalesced all-reduce): a step then sends and
 /// receives one message per tensor its chunk touches, straight from and into the
-/// tensors, so no rank packs them.
+/// tensors, so no rank packs them. Its second half alone is the all_gather's ring:
+/// each rank's block passed on around the ring, straight into every output.
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/detail/validate.hpp"
@@ -23,6 +24,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -68,14 +70,31 @@ public:
                        std::size_t segment_bytes = mpi_ring_segment_bytes)
         : comm_(comm), rank_(rank), size_(size), call_(call), label_(label), sequence_(sequence),
           segment_(std::clamp<std::size_t>(segment_bytes / size_of(call.type), 1, INT_MAX)),
-          whole_{static_cast<const std::byte*>(call.send), static_cast<std::byte*>(call.recv), 0,
-                 call.count},
+          count_(call.count), whole_{static_cast<const std::byte*>(call.send),
+                                     static_cast<std::byte*>(call.recv), 0, call.count},
           extents_(extents.empty() ? std::span<const mpi_ring_extent>(&whole_, 1) : extents) {}
+
+    /// The all_gather `call` (call.count elements from every rank) as the ring's
+    /// second half: chunk r of the output is rank r's block, which start() copies in
+    /// (unless the call is in place), and the ring passes every block on.
+    struct all_gather_t {};
+    static constexpr all_gather_t all_gather{};
+    mpi_ring_allreduce(all_gather_t, MPI_Comm comm, int rank, int size, const collective_call& call,
+                       const call_label& label, std::uint64_t sequence,
+                       std::size_t segment_bytes = mpi_ring_segment_bytes)
+        : comm_(comm), rank_(rank), size_(size), call_(call), label_(label), sequence_(sequence),
+          segment_(std::clamp<std::size_t>(segment_bytes / size_of(call.type), 1, INT_MAX)),
+          count_(call.count * static_cast<std::size_t>(size)),
+          whole_{static_cast<const std::byte*>(call.recv), static_cast<std::byte*>(call.recv), 0,
+                 count_},
+          extents_(&whole_, 1), gathers_(true) {}
     mpi_ring_allreduce(const mpi_ring_allreduce&) = delete;
     mpi_ring_allreduce& operator=(const mpi_ring_allreduce&) = delete;
 
-    /// Bytes of scratch the ring needs: one chunk, the largest.
-    std::size_t scratch_bytes() const noexcept { return chunk_len(0) * size_of(call_.type); }
+    /// Bytes of scratch the ring needs: one chunk, the largest (none to gather).
+    std::size_t scratch_bytes() const noexcept {
+        return gathers_ ? 0 : chunk_len(0) * size_of(call_.type);
+    }
 
     /// The rank this one receives from.
     int previous() const noexcept { return (rank_ + size_ - 1) % size_; }
@@ -85,6 +104,17 @@ public:
         scratch_ = scratch;
         tag_ = mpi_tag(mpi_ring_tag_base, mpi_ring_tags, sequence_);
         step_ = 0;
+        if (gathers_) { // my block in place, then straight to the all-gather steps
+            const std::size_t es = size_of(call_.type);
+            std::byte* mine = whole_.out + chunk_lo(rank_) * es;
+            if (call_.send != mine && call_.count != 0) {
+                std::memcpy(mine, call_.send, call_.count * es);
+            }
+            step_ = size_ - 1;
+            if (step_ == steps()) {
+                return; // one rank: nothing to pass on
+            }
+        }
         post_step();
     }
 
@@ -101,6 +131,9 @@ public:
     bool progress() {
         const int n = size_;
         const std::size_t es = size_of(call_.type);
+        if (step_ == steps()) {
+            return true; // one rank's all_gather: no step at all
+        }
         for (;;) {
             if (!sent_) {
                 int flag = 0;
@@ -161,7 +194,7 @@ private:
 
     std::size_t chunk_lo(int i) const noexcept {
         const std::size_t n = static_cast<std::size_t>(size_);
-        const std::size_t base = call_.count / n, rem = call_.count % n;
+        const std::size_t base = count_ / n, rem = count_ % n;
         const auto u = static_cast<std::size_t>(i);
         return u * base + std::min(u, rem);
     }
@@ -256,6 +289,7 @@ private:
     const call_label& label_;
     std::uint64_t sequence_;
     std::size_t segment_;   ///< elements per message at most
+    std::size_t count_;     ///< elements the ring carries (the output's, to gather)
     mpi_ring_extent whole_; ///< the call's one buffer, when no extents are given
     std::span<const mpi_ring_extent> extents_;
     std::byte* scratch_ = nullptr; ///< one chunk: the partial sum arriving in a reduce-scatter step
@@ -267,6 +301,7 @@ private:
     std::vector<part> recv_parts_; ///< this step's receives, in order
     bool sent_ = false;            ///< this step's sends are complete
     std::vector<MPI_Request> requests_;
+    bool gathers_ = false; ///< the all_gather's ring: the second half only
 };
 
 } // namespace unison::detail
