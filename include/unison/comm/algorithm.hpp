@@ -20,7 +20,8 @@ namespace unison {
 /// message and b the time per byte. The MPI backend's reduce_scatter runs
 /// rabenseifner's first half (recursive halving: log2(n) a + m b (n-1)/n),
 /// rank_ordered's fold or native, and its all_gather recursive_doubling (log2(n) a +
-/// m b (n-1)/n) or native; forcing one of those forces it there too.
+/// m b (n-1)/n), ring's second half ((n-1) (a + m b / n)) or native; forcing one of
+/// those forces it there too.
 enum class algorithm : unsigned char {
     automatic,          ///< the backend's tuning picks one by size and rank count
     recursive_doubling, ///< log2(n) exchanges of the whole buffer: log2(n) (a + m b)
