@@ -137,7 +137,7 @@ TUNING = {
     "node_rabenseifner_min_bytes": 128 * KIB,
     "few_ranks_rabenseifner_min_bytes": 2 * MIB,
     "some_ranks_rabenseifner_min_bytes": 16 * KIB,
-    "many_ranks_rabenseifner_min_bytes": 8 * KIB,
+    "many_ranks_rabenseifner_min_bytes": 16 * KIB,
     "odd_few_ring_min_bytes": 64 * KIB,
     "odd_some_ranks": 8,
     "odd_some_ring_min_bytes": 2 * MIB,
