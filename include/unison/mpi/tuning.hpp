@@ -213,16 +213,14 @@ static_assert(node_all_gather_doubling_max_bytes <= all_gather_doubling_max_byte
 /// `node_ranks` is the most ranks one node holds (`ranks` when every rank shares
 /// memory with every other, 1 with one rank per node).
 constexpr algorithm all_gather(std::size_t bytes, int ranks, int node_ranks) noexcept {
-    const bool one_node = node_ranks >= ranks;
-    const std::size_t doubling_below =
-        one_node ? node_all_gather_doubling_max_bytes : all_gather_doubling_max_bytes;
-    if (ranks <= 1 || one_node) {
-        return ranks > 1 && bytes < doubling_below ? algorithm::recursive_doubling
-                                                   : algorithm::native;
+    if (ranks <= 1) {
+        return algorithm::native;
     }
-    return bytes < doubling_below ? algorithm::recursive_doubling
-           : node_ranks > 1       ? algorithm::ring
-                                  : algorithm::native;
+    const bool one_node = node_ranks >= ranks;
+    if (bytes < (one_node ? node_all_gather_doubling_max_bytes : all_gather_doubling_max_bytes)) {
+        return algorithm::recursive_doubling;
+    }
+    return !one_node && node_ranks > 1 ? algorithm::ring : algorithm::native;
 }
 
 static_assert(many_ranks_rabenseifner_min_bytes <= some_ranks_rabenseifner_min_bytes &&
