@@ -194,10 +194,11 @@ constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, bool one_node) 
 // simulated MPI's non-blocking all-gather posts every block to every rank at
 // once), while the ring, ranks numbered node by node, sends one block at a time
 // out of each node. Over MPI's best on nodes of 8 (16 and 32 ranks): from 64 KiB
-// the ring 0.42-0.93x, native 0.63-2.43x, recursive doubling 0.81-2.51x; at 4-16
+// the ring 0.42-0.93x, native 0.63-2.43x, recursive doubling 0.64-2.51x; at 4-16
 // KiB the ring 2.44-3.56x (n - 1 latencies), recursive doubling 1.04-1.07x. With one
-// rank per node or on one node the ring lost everywhere (1.02-4.38x against native's
-// 0.26-1.62x), so it runs only over several nodes of several ranks.
+// rank per node or on one node the ring lost to native at every size from 64 KiB
+// (0.83-4.38x against 0.26-1.62x), so it runs only over several nodes of several
+// ranks.
 
 /// Recursive doubling below this many bytes (the output: count times the ranks)
 /// over several nodes, from there the ring over nodes of several ranks and MPI's
