@@ -36,6 +36,11 @@ TEST_CASE_TEMPLATE_DEFINE("torch ddp: misuse is reported", Backend, torch_ddp_mi
     Backend::run([](auto& comm) { unison::test::torch_ddp_error_cases(comm); });
 }
 
+TEST_CASE_TEMPLATE_DEFINE("torch: one engine per module", Backend, torch_second_engine) {
+    UNISON_TORCH_ONE_THREAD();
+    Backend::run([](auto& comm) { unison::test::torch_second_engine_cases(comm); });
+}
+
 TEST_CASE_TEMPLATE_DEFINE("torch fsdp: sharded modules train as one process", Backend,
                           torch_fsdp_training) {
     UNISON_TORCH_ONE_THREAD();
@@ -63,6 +68,7 @@ TEST_CASE_TEMPLATE_DEFINE("torch: a module where the engine is not is refused", 
     TEST_CASE_TEMPLATE_INVOKE(torch_ddp_accumulation, Backend);                                    \
     TEST_CASE_TEMPLATE_INVOKE(torch_ddp_buffers, Backend);                                         \
     TEST_CASE_TEMPLATE_INVOKE(torch_ddp_misuse, Backend);                                          \
+    TEST_CASE_TEMPLATE_INVOKE(torch_second_engine, Backend);                                       \
     TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_training, Backend);                                       \
     TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_units, Backend);                                          \
     TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_misuse, Backend);                                         \

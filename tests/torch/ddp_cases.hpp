@@ -64,6 +64,23 @@ inline void expect_same_parameters(outcome& o, ::torch::nn::Module& model,
     }
 }
 
+/// Every parameter of `model` has a gradient after `step` exactly where
+/// `reference`'s has one: no engine makes a gradient that one process would not.
+inline void expect_same_gradients_defined(outcome& o, ::torch::nn::Module& model,
+                                          ::torch::nn::Module& reference, int step) {
+    const auto params = model.named_parameters();
+    const auto ref_params = reference.named_parameters();
+    for (std::size_t p = 0; p < params.size(); ++p) {
+        const bool mine = params[p].value().grad().defined();
+        const bool theirs = ref_params[p].value().grad().defined();
+        o.expect(mine == theirs, [&] {
+            return "step " + std::to_string(step) + " parameter " + params[p].key() +
+                   (mine ? " has a gradient" : " has no gradient") + ", the reference's " +
+                   (theirs ? "has one" : "has none");
+        });
+    }
+}
+
 /// DDP of model `k` in `dtype` with `Policies`, `loop` and `options`, against the
 /// single-process reference: every parameter within `tol` after every step.
 template <class... Policies, communicator C>
@@ -83,7 +100,6 @@ void torch_ddp_case(C& comm, tm::kind k, c10::ScalarType dtype, torch_loop loop,
     std::shared_ptr<tm::net> model = tm::make(k, dtype, 100 + static_cast<std::uint64_t>(rank));
     std::shared_ptr<tm::net> reference = tm::make(k, dtype, 100);
     torch::ddp<C, Policies...> dp(comm, model, options);
-    tm::zero_gradients(*reference);
     auto opt = adamw(model->parameters());
     auto ref_opt = adamw(reference->parameters());
 
@@ -138,6 +154,7 @@ void torch_ddp_case(C& comm, tm::kind k, c10::ScalarType dtype, torch_loop loop,
         ref_opt.step();
 
         expect_same_parameters(o, *model, *reference, step, tol);
+        expect_same_gradients_defined(o, *model, *reference, step);
     }
     UNISON_CHECK_CASE(comm, label, o);
 }
@@ -157,8 +174,9 @@ void torch_ddp_training_cases(C& comm) {
     torch_ddp_case(comm, kind::mlp, at::kDouble, torch_loop::set_to_none, 1e-12);
     torch_ddp_case<policy::gradients_in_buckets>(comm, kind::mlp, at::kDouble,
                                                  torch_loop::set_to_none, 1e-12);
-    // The unused head's gradient stays zero, as in the reference; set to undefined
-    // before each step it stays undefined (AdamW skips it), as in the reference.
+    // The unused head never gets a gradient, as in the reference, whether the
+    // optimizer zeroes gradients in place or they are set to undefined: AdamW skips
+    // it (a zero gradient would have it decay the head's weights every step).
     torch_ddp_case(comm, kind::unused_head, at::kDouble, torch_loop::plain, 1e-12);
     torch_ddp_case(comm, kind::unused_head, at::kDouble, torch_loop::set_to_none, 1e-12);
     torch_ddp_case<policy::gradients_in_buckets>(comm, kind::unused_head, at::kDouble,
@@ -239,10 +257,41 @@ void torch_ddp_error_cases(C& comm) {
         } catch (const mismatch_error& e) {
             const std::string what = e.what();
             o.expect(what.find("fc1.weight") != std::string::npos &&
-                         what.find("ddp start") != std::string::npos,
+                         what.find("torch::ddp") != std::string::npos,
                      "the error names the first parameter that differs: " + what);
         }
         o.expect(model->fc2->weight.detach().equal(before), "nothing moved before the error");
+    }
+    if (comm.size() > 1) {
+        // As many elements of the same dtype on every rank, so only names and shapes
+        // tell: rank 1's weight is transposed, or has another name.
+        for (const bool renamed : {false, true}) {
+            const bool odd = rank == 1;
+            const std::string name = odd && renamed ? "v" : "w";
+            const std::vector<std::int64_t> shape =
+                odd && !renamed ? std::vector<std::int64_t>{2, 4} : std::vector<std::int64_t>{4, 2};
+            auto model = std::make_shared<::torch::nn::Module>();
+            model->register_parameter(name, at::arange(1.0, 9.0, at::kFloat).reshape(shape));
+            const at::Tensor before = model->parameters()[0].detach().clone();
+            try {
+                torch::ddp<C> dp(comm, model);
+                o.expect(false, std::string("a module with a ") +
+                                    (renamed ? "renamed" : "transposed") +
+                                    " parameter on rank 1 was accepted");
+            } catch (const mismatch_error& e) {
+                const std::string what = e.what();
+                const std::string mine = "'" + name + "' " + c10::str(at::IntArrayRef(shape));
+                o.expect(what.find("torch::ddp") != std::string::npos &&
+                             what.find(mine) != std::string::npos &&
+                             what.find(odd ? "rank 0" : "rank 1") != std::string::npos,
+                         "the error names the parameter, its shape here and the rank that "
+                         "differs (" +
+                             mine + "): " + what);
+            }
+            o.expect(model->parameters()[0].detach().equal(before) &&
+                         !model->parameters()[0].grad().defined(),
+                     "nothing moved before the error");
+        }
     }
     {
         auto model = tm::make(tm::kind::unused_head, at::kFloat, 9);
@@ -267,6 +316,78 @@ void torch_ddp_error_cases(C& comm) {
         }
     }
     UNISON_CHECK_CASE(comm, "torch ddp misuse", o);
+}
+
+/// One engine per module: a second engine on a module (or on a submodule) that
+/// one drives, torch::ddp or torch::fsdp in either order, is refused naming a
+/// parameter before anything moves, and the first engine goes on as before.
+template <communicator C>
+void torch_second_engine_cases(C& comm) {
+    using fsdp_type = torch::fsdp<C, policy::shard::full>;
+    const tm::dataset data = tm::make_data(tm::kind::mlp, at::kFloat, 4, 5);
+    outcome o;
+    auto refused = [&](const std::string& what, const std::string& expected, auto&& construct) {
+        try {
+            construct();
+            o.expect(false, what + " was accepted");
+        } catch (const argument_error& e) {
+            const std::string message = e.what();
+            o.expect(message.find(expected) != std::string::npos,
+                     what + ": the error says '" + expected + "': " + message);
+        }
+    };
+    {
+        auto model = std::make_shared<tm::mlp>();
+        torch::ddp<C> first(comm, model);
+        std::vector<at::Tensor> before;
+        for (const at::Tensor& p : model->parameters()) {
+            before.push_back(p.detach().clone());
+        }
+        refused("a second torch::ddp", "'fc1.weight' is driven by another torch::ddp",
+                [&] { torch::ddp<C> second(comm, model); });
+        refused("a torch::fsdp after a torch::ddp", "'fc1.weight' is driven by a torch::ddp",
+                [&] { fsdp_type second(comm, model, {}, {}); });
+        refused("a torch::ddp of a submodule", "'weight' is driven by another torch::ddp",
+                [&] { torch::ddp<C> second(comm, model->fc2); });
+        const auto params = model->parameters();
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            o.expect(params[i].detach().equal(before[i]) && !params[i].grad().defined(),
+                     "parameter #" + std::to_string(i) + " changed under a refused engine");
+        }
+        // The first engine still averages: every rank holds rank 0's gradients.
+        const std::int64_t r = comm.rank() % 4;
+        ::torch::nn::functional::cross_entropy(model->forward(data.x.narrow(0, r, 1)),
+                                               data.y.narrow(0, r, 1))
+            .backward();
+        o.expect(first.synchronized(), "the first engine did not synchronize");
+        for (const at::Tensor& p : model->parameters()) {
+            at::Tensor root = p.grad().clone();
+            broadcast(comm, root, 0);
+            o.expect(root.equal(p.grad()), "the first engine's gradients differ across ranks");
+        }
+    }
+    {
+        auto model = std::make_shared<tm::mlp>();
+        fsdp_type first(comm, model, {}, {});
+        const auto state = first.full_state_dict();
+        refused("a torch::ddp after a torch::fsdp", "'fc1.weight' is driven by a torch::fsdp",
+                [&] { torch::ddp<C> second(comm, model); });
+        refused("a second torch::fsdp", "'fc1.weight' is driven by another torch::fsdp",
+                [&] { fsdp_type second(comm, model, {}, {}); });
+        const auto after = first.full_state_dict();
+        for (const auto& item : state) {
+            const at::Tensor* now = after.find(item.key());
+            o.expect(now != nullptr && now->equal(item.value()),
+                     "'" + item.key() + "' changed under a refused engine");
+        }
+        const at::Tensor loss = ::torch::nn::functional::cross_entropy(
+            first.forward([&] { return model->forward(data.x); }), data.y);
+        loss.backward();
+        first.step();
+        o.expect(!first.full_state_dict().find("fc1.weight")->equal(*state.find("fc1.weight")),
+                 "the first engine no longer trains");
+    }
+    UNISON_CHECK_CASE(comm, "a second engine on a module", o);
 }
 
 } // namespace unison::test

@@ -374,7 +374,8 @@ void torch_fsdp_error_cases(C& comm) {
             engine_type second(comm, model, model->units(), {});
             o.expect(false, "a second engine on the same module was accepted");
         } catch (const argument_error& e) {
-            o.expect(std::string(e.what()).find("another engine") != std::string::npos,
+            o.expect(std::string(e.what()).find("driven by another torch::fsdp") !=
+                         std::string::npos,
                      std::string("the error says so: ") + e.what());
         }
         const auto state = first.full_state_dict();

@@ -16,8 +16,8 @@
 ///
 /// Construction is collective: it registers the module's parameters (those with
 /// `requires_grad`; frozen ones are only broadcast), its buffers, checks that every
-/// rank built the same module (the first parameter that differs is named in a
-/// mismatch_error before any data moves) and broadcasts rank `root`'s parameters
+/// rank built the same module (names, shapes and dtypes: the first parameter that
+/// differs is named in a mismatch_error before any data moves) and broadcasts rank `root`'s parameters
 /// and buffers. It hooks each parameter's gradient accumulator, so a gradient's
 /// bucket is packed and reduced as soon as autograd has accumulated it into
 /// `p.grad()`, and it queues a callback that ends the step when backward finishes:
@@ -26,16 +26,25 @@
 /// `synchronized()`), and by default rank `root`'s buffers have been copied to
 /// every rank (PyTorch's `broadcast_buffers`).
 ///
-/// Gradients: every parameter gets a zero gradient at construction, and parameters
-/// without a gradient in a step contribute zero (policy::unused_as_zero, the
-/// default) or are an error naming them that `backward()` throws
-/// (policy::unused_is_error). Zeroing in place (`optimizer.zero_grad()` in LibTorch
+/// Gradients follow PyTorch's rules, as in one process: construction creates
+/// none; a parameter gets one when backward reaches it on any rank (a rank that
+/// did not use it contributes zero, policy::unused_as_zero, the default), and a
+/// parameter that no rank used and whose gradient no rank held keeps an undefined
+/// gradient, so the optimizer skips it (one small all-reduce per step finds those;
+/// PyTorch DDP with find_unused_parameters does the same). With
+/// policy::unused_is_error a parameter without a gradient is an error naming it
+/// that `backward()` throws. Zeroing in place (`optimizer.zero_grad()` in LibTorch
 /// 1.x) keeps the gradients' storage; setting them to undefined (LibTorch 2's
-/// default) works too, at the cost of a pointer update per gradient, and then a
-/// parameter that no rank used keeps an undefined gradient (the optimizer skips it,
-/// as in one process; one small all-reduce per step finds those). With
-/// policy::gradients_in_buckets, `p.grad()` is a view into the bucket memory
-/// (PyTorch's gradient_as_bucket_view): nothing is copied.
+/// default) works too, at the cost of a pointer update per gradient. With
+/// policy::gradients_in_buckets, a defined `p.grad()` is a view into the bucket
+/// memory (PyTorch's gradient_as_bucket_view): nothing is copied after the first
+/// step.
+///
+/// One engine per module: a parameter that another `torch::ddp` or `torch::fsdp`
+/// drives is an argument_error naming it, before anything moves. Every rank must
+/// build the same module: a parameter or buffer whose name, shape, dtype or
+/// requires_grad differs on some rank is a mismatch_error naming it, on every rank,
+/// before anything moves.
 ///
 /// Accumulation: inside a `no_sync()` scope backward only accumulates locally; the
 /// next backward outside one reduces the sum (PyTorch's `no_sync`). Or set
@@ -65,7 +74,9 @@
 #include "unison/parallel/detail/control.hpp"
 #include "unison/parallel/device_setup.hpp"
 #include "unison/torch/detail/autograd.hpp"
+#include "unison/torch/detail/claims.hpp"
 #include "unison/torch/detail/device.hpp"
+#include "unison/torch/detail/same_module.hpp"
 
 #include <ATen/ops/from_blob.h>
 
@@ -195,7 +206,7 @@ private:
 
     ddp(placed_tag, C& comm, std::shared_ptr<::torch::nn::Module> module, ddp_options options,
         std::optional<device_setup<engine_type>> device)
-        : module_(std::move(module)), options_(options),
+        : module_(std::move(module)), options_(options), claim_(module_, "torch::ddp", comm.rank()),
           placed_(device ? std::optional<unison::device>(device->location()) : std::nullopt),
           guard_(placed_), engine_(comm, checked(options_, comm, module_).engine()) {
         check_devices();
@@ -208,6 +219,8 @@ private:
         if (device) {
             (*device)(engine_); // before start(): the buckets are made there
         }
+        detail::verify_same_module(engine_.communicator(), engine_.reducer().placement(), *module_,
+                                   "torch::ddp");
         engine_.start(options_.root);
         install_hooks();
         if constexpr (in_buckets) {
@@ -250,12 +263,13 @@ private:
                 engine_.add_frozen_parameter(p, item.key());
                 continue;
             }
-            if (!p.grad().defined()) {
-                p.mutable_grad() = at::zeros_like(p);
-            }
-            engine_.add_parameter(p, p.mutable_grad(), item.key());
+            // The reducer gets memory of its own for a parameter without a gradient:
+            // p.grad stays undefined until autograd (or a reduction) makes one, as
+            // in one process.
+            at::Tensor grad = p.grad().defined() ? p.grad() : at::zeros_like(p);
+            engine_.add_parameter(p, grad, item.key());
             params_.push_back(p);
-            grads_.push_back(p.grad());
+            grads_.push_back(grad);
             names_.push_back(item.key());
         }
         for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
@@ -369,15 +383,18 @@ private:
         }
     }
 
-    /// gradients_in_buckets: p.grad becomes a view of its bucket slot (again after
-    /// the rebuild moves the buckets; the reducer carries the values over).
+    /// gradients_in_buckets: a defined p.grad becomes a view of its bucket slot
+    /// (again after the rebuild moves the buckets; the reducer carries the values
+    /// over). An undefined one stays so until backward gives it a value.
     void point_gradients_at_buckets() {
         for (std::size_t i = 0; i < params_.size(); ++i) {
             grads_[i] = at::for_blob(bucket_slot(i), params_[i].sizes())
                             .options(params_[i].options())
                             .target_device(params_[i].device())
                             .make_tensor();
-            params_[i].mutable_grad() = grads_[i];
+            if (params_[i].grad().defined()) {
+                params_[i].mutable_grad() = grads_[i];
+            }
         }
         layout_version_ = engine_.reducer().layout_version();
     }
@@ -400,6 +417,7 @@ private:
 
     std::shared_ptr<::torch::nn::Module> module_;
     ddp_options options_;
+    detail::module_claim claim_;           ///< no other engine drives these parameters
     std::optional<unison::device> placed_; ///< the device setup's GPU; host when none
     detail::backward_thread_guard guard_;
     engine_type engine_;

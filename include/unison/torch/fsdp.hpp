@@ -44,6 +44,9 @@
 /// as zero when backward ends (autograd's final callback); units whose forward did
 /// not reach the loss, in step().
 ///
+/// One engine per module: a parameter that another `torch::fsdp` or `torch::ddp`
+/// drives is an argument_error naming it, before anything moves.
+///
 /// A parameter must be used only inside its unit's forward (a parameter shared
 /// with another unit belongs in their common parent). Parameters without
 /// `requires_grad` stay the module's own (broadcast at construction, never
@@ -63,7 +66,6 @@
 /// torch/ddp.hpp).
 
 #include "unison/comm/communicator.hpp"
-#include "unison/core/detail/hash.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/torch.hpp"
 #include "unison/parallel/detail/control.hpp"
@@ -71,7 +73,9 @@
 #include "unison/sharded/checkpoint.hpp"
 #include "unison/sharded/fsdp.hpp"
 #include "unison/torch/detail/autograd.hpp"
+#include "unison/torch/detail/claims.hpp"
 #include "unison/torch/detail/device.hpp"
+#include "unison/torch/detail/same_module.hpp"
 
 #include <c10/core/Storage.h>
 #include <c10/core/StorageImpl.h>
@@ -370,7 +374,7 @@ private:
     fsdp(placed_tag, C& comm, std::shared_ptr<::torch::nn::Module> model,
          std::vector<std::shared_ptr<::torch::nn::Module>> units, options_type options,
          std::optional<device_setup<engine_type>> device)
-        : model_(std::move(model)),
+        : model_(std::move(model)), claim_(model_, "torch::fsdp", comm.rank()),
           placed_(device ? std::optional<unison::device>(device->location()) : std::nullopt),
           guard_(placed_), engine_(comm, std::move(options)) {
         if (!model_) {
@@ -526,37 +530,17 @@ private:
     /// and buffers to every rank (PyTorch FSDP's sync_module_states).
     void synchronize_module() {
         C& comm = engine_.communicator();
-        std::vector<at::Tensor> states;
-        std::vector<std::string> labels;
-        std::vector<std::uint64_t> hashes;
-        auto add = [&](const std::string& kind, const std::string& name, const at::Tensor& t) {
-            std::uint64_t h = unison::detail::fnv1a64(name.data(), name.size());
-            const std::int64_t type = static_cast<std::int64_t>(t.scalar_type());
-            h = unison::detail::fnv1a64(&type, sizeof type, h);
-            for (const std::int64_t d : t.sizes()) {
-                h = unison::detail::fnv1a64(&d, sizeof d, h);
-            }
-            hashes.push_back(h);
-            labels.push_back(kind + " '" + name + "' " + c10::str(t.sizes()) + " " +
-                             c10::toString(t.scalar_type()));
-            states.push_back(t);
-        };
+        detail::verify_same_module(comm, unison::detail::placement{}, *model_, "torch::fsdp");
+        ::torch::NoGradGuard no_grad;
         for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-            add("parameter", item.key(), item.value());
+            at::Tensor d = item.value().detach();
+            broadcast(comm, d, 0);
         }
         for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
             if (item.value().defined()) {
-                add("buffer", item.key(), item.value());
+                at::Tensor d = item.value().detach();
+                broadcast(comm, d, 0);
             }
-        }
-        unison::detail::verify_same_entries(
-            comm, unison::detail::placement{}, hashes, [&](std::size_t k) { return labels[k]; },
-            {"torch::fsdp", "built", "parameters and buffers", "of different shapes or dtypes",
-             "every rank must build the same module (names, shapes and dtypes)"});
-        ::torch::NoGradGuard no_grad;
-        for (at::Tensor& t : states) {
-            at::Tensor d = t.detach();
-            broadcast(comm, d, 0);
         }
     }
 
@@ -764,6 +748,7 @@ private:
     // The engine is declared after the slots: it is destroyed first, and its
     // destructor may still call the binders, which point the slots' storages.
     std::shared_ptr<::torch::nn::Module> model_;
+    detail::module_claim claim_; ///< no other engine drives these parameters
     std::vector<slot> slots_;
     /// Slot of each trainable parameter (set_data keeps a tensor's TensorImpl).
     std::unordered_map<const c10::TensorImpl*, std::size_t> slot_of_;
