@@ -17,8 +17,10 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -339,19 +341,52 @@ void torch_fsdp_error_cases(C& comm) {
         o.expect(model->head->weight.detach().equal(before), "nothing moved before the error");
     }
     {
-        // The forward calls block 0 directly, outside unit_forward: its parameters
-        // are released there (shape [0]), so the forward fails with a shape error
-        // instead of reading freed memory.
+        // A parameter used outside its unit fails at the use, naming the parameter,
+        // its unit, the rank and the operator: block 0 called directly, outside
+        // unit_forward; a weight penalty computed outside every unit, on the
+        // parameter and on a view of it. It keeps its shape, its values are
+        // untouched, and once the engine is gone it is a plain empty tensor again.
         auto model = tm::make_stack<ffn>(stacking::plain, at::kFloat, 3);
-        engine_type engine(comm, model, model->units(), {});
+        std::optional<engine_type> engine(std::in_place, comm, model, model->units(),
+                                          typename engine_type::options_type{});
+        const at::Tensor before = *engine->full_state_dict().find("block0.fc1.weight");
         const at::Tensor x = at::ones({2, tm::features});
-        bool threw = false;
-        try {
-            engine.forward([&] { return model->blocks[0]->forward(model->stem(x)); });
-        } catch (const std::exception&) {
-            threw = true;
-        }
-        o.expect(threw, "a released parameter used outside its unit did not fail");
+        const at::Tensor& w = model->blocks[0]->fc1->weight;
+        const std::string rank_words = "rank " + std::to_string(rank) + ": torch::fsdp";
+        const auto refused = [&](const std::string& what, const std::string& op, auto&& use) {
+            try {
+                use();
+                o.expect(false, what + " did not fail");
+            } catch (const argument_error& e) {
+                const std::string message = e.what();
+                o.expect(message.find(rank_words) != std::string::npos &&
+                             message.find("parameter 'block0.fc1.weight' of unit #0 (") !=
+                                 std::string::npos &&
+                             message.find(op) != std::string::npos,
+                         what + ": the error names the rank, the parameter, its unit and " + op +
+                             ": " + message);
+            }
+        };
+        refused("block 0 outside unit_forward", "aten::", [&] {
+            engine->forward([&] { return model->blocks[0]->forward(model->stem(x)); });
+        });
+        refused("a weight penalty outside the unit", "aten::pow", [&] { (void)w.pow(2).sum(); });
+        refused("a view of it", "aten::", [&] { (void)w.t().abs(); });
+        o.expect(w.sizes() == before.sizes(), "the released parameter shows shape " +
+                                                  c10::str(w.sizes()) + ", not " +
+                                                  c10::str(before.sizes()));
+        o.expect(engine->full_state_dict().find("block0.fc1.weight")->equal(before),
+                 "the refused uses changed the parameter");
+        // Inside its unit the same penalty is fine.
+        const ::torch::NoGradGuard no_grad; // no backward follows
+        const at::Tensor inside = unison::torch::unit_forward(
+            *model->blocks[0], [&] { return model->blocks[0]->fc1->weight.pow(2).sum(); });
+        o.expect(std::abs(inside.item<double>() - before.pow(2).sum().item<double>()) <=
+                     1e-5 * before.pow(2).sum().item<double>(),
+                 "the penalty inside the unit is not the full weight's");
+        engine.reset();
+        o.expect(w.numel() == 0 && w.pow(2).sum().item<double>() == 0.0,
+                 "after the engine, the parameter is not a plain empty tensor");
     }
     {
         auto model = tm::make_stack<ffn>(stacking::plain, at::kFloat, 3);

@@ -27,8 +27,11 @@
 /// moves), copies rank 0's parameters and buffers to every rank, and hands the
 /// parameters to the engine: from then on each parameter's storage is the engine's
 /// memory, pointed at the gathered values inside the unit's forward and backward
-/// and empty outside them (with strategies that shard parameters). Reading a
-/// sharded parameter outside its unit is not possible; `full_state_dict()` and
+/// and released outside them (with strategies that shard parameters): it keeps its
+/// shape, holds no memory, and any computation on it (or on a view of it) throws
+/// an argument_error naming the parameter, its unit and the operator
+/// (torch/detail/released.hpp). Its data pointer is null there: nothing may read
+/// it. `full_state_dict()` and
 /// `save_full()` give the full values.
 ///
 /// Forward: entering a unit gathers its parameters (prefetching the next units)
@@ -75,6 +78,7 @@
 #include "unison/torch/detail/autograd.hpp"
 #include "unison/torch/detail/claims.hpp"
 #include "unison/torch/detail/device.hpp"
+#include "unison/torch/detail/released.hpp"
 #include "unison/torch/detail/same_module.hpp"
 
 #include <c10/core/Storage.h>
@@ -195,14 +199,25 @@ inline c10::Storage unowned_storage(c10::Device d) {
                         nullptr, false);
 }
 
-/// A contiguous tensor of `shape` and `type` on storage `s` (CPU or CUDA, as `s`).
-inline at::Tensor tensor_on(const c10::Storage& s, c10::IntArrayRef shape, caffe2::TypeMeta type) {
-    const c10::DispatchKey key =
-        s.device().is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+/// A contiguous tensor of `shape` and `type` on storage `s`, dispatched as `s`'s
+/// device (CPU or CUDA) or, with `released`, to the kernel that refuses released
+/// parameters (torch/detail/released.hpp).
+inline at::Tensor tensor_on(const c10::Storage& s, c10::IntArrayRef shape, caffe2::TypeMeta type,
+                            bool released = false) {
+    const c10::DispatchKey key = released               ? released_key
+                                 : s.device().is_cuda() ? c10::DispatchKey::CUDA
+                                                        : c10::DispatchKey::CPU;
     auto impl =
         c10::make_intrusive<c10::TensorImpl>(c10::Storage(s), c10::DispatchKeySet(key), type);
     impl->set_sizes_contiguous(shape);
     return at::Tensor(std::move(impl));
+}
+
+/// Makes parameter `param` show `t` (its shape, storage and dispatch keys) and keeps
+/// everything autograd knows of it. Variable::set_data does the same but refuses a
+/// change of dispatch backend, which releasing a parameter is.
+inline void show_as(const at::Tensor& param, const at::Tensor& t) {
+    param.unsafeGetTensorImpl()->shallow_copy_from(t.getIntrusivePtr());
 }
 
 /// Module::save's format with `full` (full name -> host tensor) for the parameters
@@ -569,6 +584,12 @@ private:
             if (!s.accumulator) {
                 fail("parameter '" + s.name + "' has no gradient accumulator");
             }
+            const unit_info& u = units_[s.unit];
+            detail::released_parameters::instance().add(
+                s.value.unsafeGetStorageImpl(),
+                {engine_.communicator().rank(), "parameter '" + s.name + "' of " +
+                                                    (s.unit == 0 ? "the root unit" : u.name) +
+                                                    " (" + u.module->name() + ")"});
             show(s);
         }
     }
@@ -585,15 +606,18 @@ private:
     }
 
     /// Makes parameter s show what its storages hold: its values in the engine's
-    /// memory, or shape [0] when released (so that using it outside its unit is a
-    /// shape error, not a read of freed memory); its gradient the engine's gradient
+    /// memory, or, released, no memory and the dispatch key whose kernel refuses any
+    /// use naming it (not a read of freed memory, nor a computation on an empty
+    /// tensor; shape [0] where that kernel is not unison's); its gradient the engine's gradient
     /// memory inside backward, undefined outside (so that a gradient produced outside
     /// the unit's backward cannot land in the engine's memory unnoticed).
     void show(slot& s) {
         if (s.value.data() != nullptr) {
-            s.param.set_data(detail::tensor_on(s.value, s.shape, s.param.dtype()));
+            detail::show_as(s.param, detail::tensor_on(s.value, s.shape, s.param.dtype()));
+        } else if (detail::released_parameters::instance().enabled()) {
+            detail::show_as(s.param, detail::tensor_on(s.value, s.shape, s.param.dtype(), true));
         } else {
-            s.param.set_data(at::empty({0}, s.param.options().requires_grad(false)));
+            detail::show_as(s.param, at::empty({0}, s.param.options().requires_grad(false)));
         }
         if (s.grad.data() != nullptr) {
             s.param.mutable_grad() = detail::tensor_on(s.grad, s.shape, s.param.dtype());
@@ -643,10 +667,14 @@ private:
                 s.hooked = false;
             }
             try {
+                detail::released_parameters::instance().remove(s.value.unsafeGetStorageImpl());
                 if (restore_original && s.original.defined()) {
-                    s.param.set_data(s.original);
+                    detail::show_as(s.param, s.original);
                 } else if (s.value.data() != nullptr) { // resident: the module keeps its values
-                    s.param.set_data(s.param.detach().clone());
+                    detail::show_as(s.param, s.param.detach().clone());
+                } else { // released: empty, and no longer refused
+                    detail::show_as(s.param,
+                                    at::empty({0}, s.param.options().requires_grad(false)));
                 }
                 s.param.mutable_grad() = at::Tensor();
             } catch (...) { // nothing to report to: the engine is going away
@@ -750,7 +778,7 @@ private:
     std::shared_ptr<::torch::nn::Module> model_;
     detail::module_claim claim_; ///< no other engine drives these parameters
     std::vector<slot> slots_;
-    /// Slot of each trainable parameter (set_data keeps a tensor's TensorImpl).
+    /// Slot of each trainable parameter (show_as keeps a tensor's TensorImpl).
     std::unordered_map<const c10::TensorImpl*, std::size_t> slot_of_;
     std::vector<unit_info> units_;
     std::vector<at::Tensor> frozen_;
