@@ -4,10 +4,17 @@
 /// `mpi_environment`: MPI's initialization and finalization for a program that uses
 /// the MPI backend (see mpi_communicator.hpp).
 
+#include "unison/mpi/detail/abandoned.hpp"
 #include "unison/mpi/detail/mpi_check.hpp"
 #include "unison/mpi/launch.hpp"
 
 #include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
 
 namespace unison {
 
@@ -17,8 +24,25 @@ namespace unison {
 /// MPI launcher every process would otherwise be a world of its own and train
 /// alone. On a disagreement it finalizes MPI (if it initialized it) and throws
 /// argument_error naming the launcher's variables.
+///
+/// Leaving after a peer is gone: MPI_Finalize waits for every process of the job,
+/// so a process whose call timed out because a peer stopped answering (a hung or
+/// stopped process; a killed one ends the job through the launcher) would wait
+/// there forever. So before finalizing, every process meets the others in a
+/// non-blocking barrier. A process that abandoned a call after a timeout
+/// (timeout_error) waits for it only as long as that call's timeout: if some
+/// process does not arrive, it writes to stderr which call timed out and which
+/// rank it was waiting for, and ends the whole job with
+/// `MPI_Abort(MPI_COMM_WORLD, abort_exit_code)`, which the launcher turns into the
+/// job's exit status. Processes without an abandoned call wait as long as it
+/// takes (the others may still be saving a checkpoint), as MPI_Finalize would.
 class mpi_environment {
 public:
+    /// The exit status of a job that this process ended because a peer never came
+    /// back: 75, sysexits' EX_TEMPFAIL (the job may succeed when run again, for
+    /// example resumed from its last checkpoint).
+    static constexpr int abort_exit_code = 75;
+
     mpi_environment(int& argc, char**& argv) {
         int initialized = 0;
         MPI_Initialized(&initialized);
@@ -39,19 +63,76 @@ public:
             }
             throw;
         }
+        if (owner_) {
+            // The exit barrier's own context: nothing the program posts on
+            // MPI_COMM_WORLD can match it.
+            UNISON_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &exit_comm_), rank, "mpi_environment");
+        }
     }
     mpi_environment(const mpi_environment&) = delete;
     mpi_environment& operator=(const mpi_environment&) = delete;
     ~mpi_environment() {
         int finalized = 0;
         MPI_Finalized(&finalized);
-        if (owner_ && !finalized) {
-            MPI_Finalize();
+        if (!owner_ || finalized) {
+            return;
         }
+        if (!everyone_arrives()) {
+            abort_job();
+        }
+        MPI_Comm_free(&exit_comm_);
+        MPI_Finalize();
     }
 
 private:
+    /// Collective: whether every process reached its exit barrier; bounded by the
+    /// longest timeout of this process's abandoned calls, unbounded without any.
+    bool everyone_arrives() {
+        MPI_Request request = MPI_REQUEST_NULL;
+        if (MPI_Ibarrier(exit_comm_, &request) != MPI_SUCCESS) {
+            return true; // let MPI_Finalize report what is wrong
+        }
+        const auto abandoned = detail::abandoned_calls::instance().first();
+        if (!abandoned) {
+            MPI_Wait(&request, MPI_STATUS_IGNORE);
+            return true;
+        }
+        const auto deadline = std::chrono::steady_clock::now() +
+                              detail::abandoned_calls::instance().longest_timeout();
+        for (;;) {
+            int done = 0;
+            MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+            if (done != 0) {
+                return true;
+            }
+            if (std::chrono::steady_clock::now() >= deadline) {
+                return false; // the request is abandoned with the job
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    }
+
+    [[noreturn]] static void abort_job() {
+        int rank = -1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        const auto call = detail::abandoned_calls::instance().first();
+        const std::string why =
+            call->label + " timed out after " + std::to_string(call->timeout.count()) + " ms" +
+            (call->waiting_for >= 0 ? ", waiting to hear from rank " +
+                                          std::to_string(call->waiting_for) + " of its communicator"
+                                    : std::string()) +
+            ", and not every process reached the end of the job within that time";
+        std::fprintf(stderr,
+                     "unison: rank %d: mpi_environment: %s; MPI_Finalize would wait for them "
+                     "forever, so this process ends the job: MPI_Abort with exit code %d\n",
+                     rank, why.c_str(), abort_exit_code);
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, abort_exit_code);
+        std::_Exit(abort_exit_code); // MPI_Abort does not return; if it did, leave anyway
+    }
+
     bool owner_ = false;
+    MPI_Comm exit_comm_ = MPI_COMM_NULL;
 };
 
 } // namespace unison

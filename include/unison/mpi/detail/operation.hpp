@@ -23,6 +23,7 @@
 #include "unison/core/dtype.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/reduce_op.hpp"
+#include "unison/mpi/detail/abandoned.hpp"
 #include "unison/mpi/detail/handshake.hpp"
 #include "unison/mpi/detail/mpi_check.hpp"
 #include "unison/mpi/detail/peer_channel.hpp"
@@ -822,6 +823,8 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
                 const std::uint64_t seq = op->sequence();
                 const mpi_peer_report mine = report();
                 poisoned = label + " timed out";
+                abandoned_calls::instance().record(
+                    {label, static_cast<int>(mine.waiting_for), options.timeout});
                 // Never driven again: in its handshake, the engine must not go on to
                 // hand MPI the user's buffers (it stays first in the post queue, so
                 // no later collective posts past it either); past it, unison must not
