@@ -37,8 +37,11 @@ struct outcome {
 };
 
 /// In a child: meet as `rank` of `size`, gather process ids, check them, and write
-/// "ok" or the error to `out`; exits 0, or 3 on a unison error.
-[[noreturn]] void run_rank(int rank, int size, std::uint16_t port, const char* timeout, int out) {
+/// "ok" or the error to `out`; exits 0, or 3 on a unison error (4 on a peer_error,
+/// whose report ends with how long the last barrier took). Rank `killed` kills
+/// itself (SIGKILL) before that barrier.
+[[noreturn]] void run_rank(int rank, int size, std::uint16_t port, const char* timeout, int out,
+                           int killed) {
     for (const char* v :
          {"TORCHELASTIC_USE_AGENT_STORE", "UNISON_STORE_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
           "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "MV2_COMM_WORLD_RANK"}) {
@@ -68,7 +71,19 @@ struct outcome {
             report = "local rank " + std::to_string(info.local_rank) + " of " +
                      std::to_string(info.local_size);
         }
-        store.barrier("done");
+        if (rank == killed) {
+            ::raise(SIGKILL);
+        }
+        const auto start = clock_type::now();
+        try {
+            store.barrier("done");
+        } catch (const unison::peer_error& e) {
+            const auto ms =
+                std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start)
+                    .count();
+            report = std::string(e.what()) + " [after " + std::to_string(ms) + " ms]";
+            code = 4;
+        }
     } catch (const unison::error& e) {
         report = e.what();
         code = 3;
@@ -80,7 +95,7 @@ struct outcome {
 /// Starts the ranks in `ranks` of a job of `size` on `port` and waits (at most
 /// 60 s) for each to end.
 std::vector<outcome> start_job(const std::vector<int>& ranks, int size, std::uint16_t port,
-                               const char* timeout) {
+                               const char* timeout, int killed) {
     std::vector<pid_t> children;
     std::vector<int> pipes;
     for (const int rank : ranks) {
@@ -90,7 +105,7 @@ std::vector<outcome> start_job(const std::vector<int>& ranks, int size, std::uin
         REQUIRE(child >= 0);
         if (child == 0) {
             ::close(p[0]);
-            run_rank(rank, size, port, timeout, p[1]);
+            run_rank(rank, size, port, timeout, p[1], killed);
         }
         ::close(p[1]);
         children.push_back(child);
@@ -122,9 +137,9 @@ std::vector<outcome> start_job(const std::vector<int>& ranks, int size, std::uin
 /// start_job, again on another port if rank 0 found its port taken in the moment
 /// between unused_port() and its bind.
 std::vector<outcome> start_job_retrying(const std::vector<int>& ranks, int size,
-                                        const char* timeout) {
+                                        const char* timeout, int killed = -1) {
     for (int attempt = 0;; ++attempt) {
-        auto out = start_job(ranks, size, unused_port(), timeout);
+        auto out = start_job(ranks, size, unused_port(), timeout, killed);
         if (attempt == 2 || out[0].report.find("cannot host the store") == std::string::npos) {
             return out;
         }
@@ -163,4 +178,22 @@ TEST_CASE("tcp_store: when one process never starts, the others name it within t
         CHECK(out[i].report.find("never connected") != std::string::npos);
     }
     CHECK(took < std::chrono::seconds(20));
+}
+
+TEST_CASE("tcp_store: a process killed before a collective is named by the others at once") {
+    // Rank 2 of 3 dies by SIGKILL before the last barrier; the kernel closes its
+    // connection, the store sees it, and the others' barrier ends with a peer_error
+    // naming rank 2 within a second, not at the 20 s timeout.
+    const auto out = start_job_retrying({0, 1, 2}, 3, "20", 2);
+    CHECK(out[2].exit_code == -1); // killed: no exit status
+    for (std::size_t i = 0; i < 2; ++i) {
+        CAPTURE(i);
+        CAPTURE(out[i].report);
+        CHECK(out[i].exit_code == 4);
+        CHECK(out[i].report.find("barrier 'done'") != std::string::npos);
+        CHECK(out[i].report.find("rank 2 of 3 left before making this call") != std::string::npos);
+        const std::size_t at = out[i].report.find("[after ");
+        REQUIRE(at != std::string::npos);
+        CHECK(std::stol(out[i].report.substr(at + 7)) < 1000);
+    }
 }

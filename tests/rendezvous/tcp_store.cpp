@@ -258,22 +258,32 @@ TEST_CASE("tcp_store: a rank that never comes is named, within the timeout, on e
     CHECK(took < 5s);
 }
 
-TEST_CASE("tcp_store: a rank that leaves is named in the next collective") {
+TEST_CASE("tcp_store: a rank that leaves is named in the next collective, at once") {
     tcp_store_server server(0, 3);
+    std::chrono::steady_clock::duration took[3]{};
     const auto errors = run_ranks(3, [&](int rank) {
-        tcp_store store(at(server, rank, 3, 800ms));
+        tcp_store store(at(server, rank, 3, 20s));
         store.barrier("all here");
         if (rank == 1) {
             return; // closes its store and goes
         }
+        const auto start = std::chrono::steady_clock::now();
+        struct timed {
+            std::chrono::steady_clock::time_point start;
+            std::chrono::steady_clock::duration& took;
+            ~timed() { took = std::chrono::steady_clock::now() - start; }
+        } timer{start, took[rank]};
         store.barrier("rank 1 is gone");
     });
     CHECK_FALSE(errors[1]);
     for (const int rank : {0, 2}) {
-        const std::string what = error_of<unison::timeout_error>(errors[rank]);
+        const std::string what = error_of<unison::peer_error>(errors[rank]);
+        CAPTURE(what);
         CHECK(contains(what, "rank 1 of 3"));
         CHECK(contains(what, "left"));
         CHECK(contains(what, "rank 1 is gone"));
+        // Not the 20 s timeout: the store saw the connection close.
+        CHECK(took[rank] < 1s);
     }
 }
 

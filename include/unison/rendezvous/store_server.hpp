@@ -9,7 +9,9 @@
 /// What it holds: keys (strings) with byte values, 64-bit counters (`add`), and which
 /// ranks have joined, are connected, or have left. A `get` of keys that do not exist
 /// yet waits on the server, up to the time the client gives, and then answers with
-/// the keys that are still missing, so a client can name the ranks it waited for.
+/// the keys that are still missing, so a client can name the ranks it waited for; a
+/// get that asks to (the store collectives' do) is answered as soon as a rank
+/// leaves, so that a rank killed mid-collective is known at once.
 
 #include "unison/core/error.hpp"
 #include "unison/rendezvous/detail/protocol.hpp"
@@ -121,6 +123,8 @@ private:
         std::vector<std::string> wait_keys;
         std::size_t missing = 0;
         clock::time_point deadline{};
+        bool watches_departures = false; ///< its get asked to hear of ranks that leave
+        std::uint64_t departures_seen = 0;
     };
 
     void run() {
@@ -379,8 +383,16 @@ private:
             for (const std::string& k : c.wait_keys) {
                 c.missing += data_.find(k) == data_.end() ? 1 : 0;
             }
+            c.watches_departures = r.value.size() == 8;
+            if (c.watches_departures) {
+                detail::store_wire::reader rd(r.value);
+                (void)rd.u64(c.departures_seen);
+            }
             if (c.missing == 0) {
                 return answer_get(c);
+            }
+            if (c.watches_departures && departures_ > c.departures_seen) {
+                return answer_missing(c, /*departed=*/true);
             }
             if (r.argument <= 0) {
                 return answer_missing(c);
@@ -451,9 +463,10 @@ private:
         c.waiting = true;
     }
 
-    /// A get's time is up: which keys exist, then every rank's state, so that the
-    /// client can say what became of the ranks it waited for.
-    void answer_missing(connection& c) {
+    /// A get's time is up, or (`departed`) a rank left while it waited: which keys
+    /// exist, then every rank's state, so that the client can say what became of the
+    /// ranks it waited for (and, departed, how many ranks have left).
+    void answer_missing(connection& c, bool departed = false) {
         std::vector<std::byte> payload;
         for (const std::string& k : c.wait_keys) {
             payload.push_back(std::byte{data_.count(k) != 0 ? std::uint8_t{1} : std::uint8_t{0}});
@@ -464,8 +477,27 @@ private:
                 payload.push_back(static_cast<std::byte>(s));
             }
         }
+        if (departed) {
+            for (int i = 0; i < 8; ++i) {
+                payload.push_back(static_cast<std::byte>(departures_ >> (8 * i)));
+            }
+        }
         c.waiting = false;
-        reply(c, detail::store_wire::reply_status::timeout, payload);
+        reply(c,
+              departed ? detail::store_wire::reply_status::departed
+                       : detail::store_wire::reply_status::timeout,
+              payload);
+    }
+
+    /// Ranks have left: the gets that asked to hear of it are answered now.
+    void tell_departures() {
+        for (auto& [id, c] : connections_) {
+            if (c.waiting && c.watches_departures && departures_ > c.departures_seen) {
+                drop_watchers(c);
+                answer_missing(c, /*departed=*/true);
+                process(id, c);
+            }
+        }
     }
 
     void expire_waits() {
@@ -535,8 +567,10 @@ private:
         }
     }
 
-    /// Removes dead connections; their ranks have left.
+    /// Removes dead connections; their ranks have left, which the gets that watch
+    /// for it hear at once.
     void reap() {
+        const std::uint64_t before = departures_;
         for (auto it = connections_.begin(); it != connections_.end();) {
             if (!it->second.dead) {
                 ++it;
@@ -549,9 +583,13 @@ private:
                 std::lock_guard lock(mutex_);
                 ranks_[static_cast<std::size_t>(it->second.rank)] = rank_state::left;
                 --connected_;
+                ++departures_;
                 changed_.notify_all();
             }
             it = connections_.erase(it);
+        }
+        if (departures_ != before) {
+            tell_departures();
         }
     }
 
@@ -571,6 +609,7 @@ private:
     std::unordered_map<int, std::string> peers_;
     std::uint64_t next_id_ = 1;
     std::uint64_t next_wait_ = 1;
+    std::uint64_t departures_ = 0; ///< greeted connections that have closed
 
     // Shared with callers, under mutex_.
     std::mutex mutex_;

@@ -11,7 +11,9 @@
 ///
 /// Every wait is bounded by `store_options::timeout`, and a wait that runs out names
 /// the ranks it waited for and what the store knows of them (never arrived, arrived
-/// and left, or connected but elsewhere).
+/// and left, or connected but elsewhere). A store collective that waits for a rank
+/// whose connection closed (it exited, crashed or was killed) does not wait for the
+/// timeout: the server tells it at once, and it throws `peer_error` naming the rank.
 
 #include "unison/comm/launcher.hpp"
 #include "unison/comm/options.hpp"
@@ -272,7 +274,9 @@ public:
     /// Every rank's `value`, by rank. Collective: every rank calls the store's
     /// collectives (all_gather, broadcast, barrier) in the same order, with the same
     /// names; a rank that calls another one or another name is a `mismatch_error`,
-    /// and one that does not come within the timeout a `timeout_error` naming it.
+    /// one that does not come within the timeout a `timeout_error` naming it, and one
+    /// that left (its connection closed) before it came a `peer_error` naming it, as
+    /// soon as the store sees the connection close.
     std::vector<std::vector<std::byte>> all_gather(std::string_view name,
                                                    std::span<const std::byte> value) {
         return collective("all_gather", name, value, -1);
@@ -431,30 +435,52 @@ private:
         return r;
     }
 
-    /// What a get that ran out of time learnt: which keys exist, and each rank's state.
+    /// What a get that ran out of time (or heard that a rank left) learnt: which keys
+    /// exist, each rank's state, and whether a departure ended it early.
     struct missing_keys {
         std::vector<bool> present;
         std::vector<std::uint8_t> states;
+        bool departed = false;        ///< answered early: a rank left while it waited
+        std::uint64_t departures = 0; ///< ranks that have left, when departed
     };
 
     /// Gets every key, waiting up to `wait`. True with `values` filled, or false with
     /// `values` empty and `missing` (when given) filled.
+    /// With `departures` (the number of ranks this caller knows to have left), the
+    /// server also answers early, false with `missing->departed`, as soon as more
+    /// ranks than that have left.
     bool get_all(const std::vector<std::string>& keys, std::chrono::milliseconds wait,
                  const std::string& what, std::vector<std::vector<std::byte>>& values,
-                 missing_keys* missing = nullptr) {
-        const reply r = call(detail::store_wire::op::get, keys, {}, wait.count(), what, wait);
+                 missing_keys* missing = nullptr,
+                 std::optional<std::uint64_t> departures = std::nullopt) {
+        detail::store_wire::writer seen;
+        if (departures) {
+            seen.u64(*departures);
+        }
+        const reply r =
+            call(detail::store_wire::op::get, keys, seen.buffer(), wait.count(), what, wait);
         values.clear();
-        if (r.status == detail::store_wire::reply_status::timeout) {
+        const bool departed = r.status == detail::store_wire::reply_status::departed;
+        if (r.status == detail::store_wire::reply_status::timeout || departed) {
             if (missing != nullptr) {
                 missing->present.assign(keys.size(), false);
                 missing->states.assign(static_cast<std::size_t>(size()), 0);
-                for (std::size_t i = 0; i < r.payload.size(); ++i) {
+                const std::size_t tail = departed ? 8 : 0;
+                const std::size_t n = r.payload.size() >= tail ? r.payload.size() - tail : 0;
+                for (std::size_t i = 0; i < n; ++i) {
                     const auto b = static_cast<std::uint8_t>(r.payload[i]);
                     if (i < keys.size()) {
                         missing->present[i] = b != 0;
                     } else if (i - keys.size() < missing->states.size()) {
                         missing->states[i - keys.size()] = b;
                     }
+                }
+                missing->departed = departed;
+                missing->departures = 0;
+                for (std::size_t i = 0; i < tail && n + i < r.payload.size(); ++i) {
+                    missing->departures |=
+                        static_cast<std::uint64_t>(static_cast<std::uint8_t>(r.payload[n + i]))
+                        << (8 * i);
                 }
             }
             return false;
@@ -635,12 +661,44 @@ private:
             keys.push_back(prefix + std::to_string(r));
         }
         std::vector<std::vector<std::byte>> values;
-        missing_keys missing;
-        if (!get_all(keys, s_->options.timeout, what, values, &missing)) {
-            throw timeout_error(rank(), what,
-                                describe_missing(from, missing) + " did not get here within " +
-                                    seconds(s_->options.timeout),
-                                call_number);
+        const auto deadline = detail::store_clock::now() + s_->options.timeout;
+        std::uint64_t departures = 0;
+        for (;;) {
+            missing_keys missing;
+            const auto wait = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           deadline - detail::store_clock::now()),
+                                       std::chrono::milliseconds(1));
+            if (get_all(keys, wait, what, values, &missing, departures)) {
+                break;
+            }
+            // A rank this call waits for has left (its connection closed: it exited,
+            // crashed or was killed): it will never get here.
+            std::vector<int> gone;
+            for (std::size_t i = 0; i < from.size(); ++i) {
+                const int r = from[i];
+                if (!missing.present[i] &&
+                    missing.states[static_cast<std::size_t>(r)] ==
+                        static_cast<std::uint8_t>(detail::store_wire::rank_state::left)) {
+                    gone.push_back(r);
+                }
+            }
+            if (!gone.empty()) {
+                throw peer_error(rank(), what,
+                                 (gone.size() == 1 ? "rank " : "ranks ") + rank_list(gone) +
+                                     " of " + std::to_string(size()) +
+                                     " left before making this call (its connection to the "
+                                     "store closed: it exited, crashed or was killed), so it "
+                                     "will never come; this call waited for " +
+                                     describe_missing(from, missing),
+                                 gone.front());
+            }
+            if (!missing.departed) {
+                throw timeout_error(rank(), what,
+                                    describe_missing(from, missing) + " did not get here within " +
+                                        seconds(s_->options.timeout),
+                                    call_number);
+            }
+            departures = missing.departures; // another rank left: wait on
         }
         std::vector<std::vector<std::byte>> out;
         for (std::size_t i = 0; i < values.size(); ++i) {

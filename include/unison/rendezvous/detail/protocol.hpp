@@ -13,6 +13,11 @@
 ///
 /// where "bytes" is a u64 length and the bytes. One request is outstanding per
 /// connection: the client sends the next only after the reply.
+///
+/// A get's value is empty, or a u64: how many ranks the client knows to have left.
+/// With it the server answers `departed` as soon as more ranks than that have left
+/// (at once, if they already have), so that a client waiting for a rank that died
+/// hears of it from the broken connection instead of at its timeout.
 
 #include <cstddef>
 #include <cstdint>
@@ -26,7 +31,7 @@
 namespace unison::detail::store_wire {
 
 inline constexpr std::uint32_t magic = 0x52534e55; // "UNSR"
-inline constexpr std::uint32_t version = 1;
+inline constexpr std::uint32_t version = 2;
 
 /// Limits that keep a stray client (a port scanner, another program's protocol) from
 /// making the server allocate without bound.
@@ -46,6 +51,9 @@ enum class reply_status : std::uint8_t {
     ok = 0,
     timeout = 1, ///< payload: one byte per key, 1 where it exists; one rank_state per rank
     refused = 2, ///< payload: why
+    /// A rank left while a get waited (one that asked to hear of it): timeout's
+    /// payload, then a u64, the number of ranks that have left.
+    departed = 3,
 };
 
 /// A rank as the server sees it.
