@@ -151,6 +151,10 @@ public:
     int node = 0;          ///< this rank's node's name (find_nodes)
     node_layout nodes;     ///< which ranks share a node (memory), the same on every rank
     bool one_node = false; ///< every rank on one node
+    /// More of this communicator's ranks on a node than it has hardware threads: a
+    /// waiting rank yields at every poll, so that the peer it waits for can run (an
+    /// MPI's own progress loop does not always yield: MPICH's does not).
+    bool oversubscribed = false;
     comm_options options;
     algorithm forced; ///< the all-reduce algorithm options force (mpi_forced_algorithm)
     mpi_half_ops half_ops;
@@ -231,6 +235,8 @@ private:
         }
         nodes = node_layout::of(node_of, rank);
         one_node = nodes.one_node(size);
+        const unsigned cores = std::thread::hardware_concurrency();
+        oversubscribed = cores != 0 && static_cast<unsigned>(nodes.node_ranks) > cores;
     }
 
     template <class Seq>
@@ -815,6 +821,9 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
         if (done) {
             recycle(std::move(op));
             return;
+        }
+        if (oversubscribed) {
+            std::this_thread::yield();
         }
         if ((polls & 63) == 0) {
             const auto now = clock::now();
