@@ -1,6 +1,7 @@
-// mpi_launch under Open MPI's launcher: rank and size from MPI agree with the
-// launcher's, and the local rank MPI derives (MPI_Comm_split_type, used where no
-// launcher variable gives it: MPICH, Cray) equals the one Open MPI's variables give.
+// mpi_launch under the MPI's own launcher (Open MPI's mpiexec, or MPICH's Hydra):
+// rank and size from MPI agree with the launcher's, and the local rank MPI derives
+// (MPI_Comm_split_type, used where no launcher variable gives it: Cray, a bare PMI)
+// equals the one the launcher's variables give.
 
 #include <unison/mpi.hpp>
 
@@ -16,11 +17,14 @@ TEST_CASE("mpi: mpi_launch agrees with the launcher and derives the local rank f
     const unison::launch_info info = unison::mpi_launch();
     CHECK(info.rank == rank);
     CHECK(info.size == size);
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    REQUIRE(local != nullptr); // started by Open MPI's mpiexec
+    // Open MPI's mpiexec, or Hydra (MPICH, Intel MPI): PMI_RANK and MPI_LOCALRANKID.
+    const bool open_mpi = std::getenv("OMPI_COMM_WORLD_RANK") != nullptr;
+    const char* local = std::getenv(open_mpi ? "OMPI_COMM_WORLD_LOCAL_RANK" : "MPI_LOCALRANKID");
+    const char* local_size =
+        std::getenv(open_mpi ? "OMPI_COMM_WORLD_LOCAL_SIZE" : "MPI_LOCALNRANKS");
+    REQUIRE(local != nullptr); // started by Open MPI's or MPICH's mpiexec
     REQUIRE(local_size != nullptr);
-    CHECK(info.launcher == "openmpi");
+    CHECK(info.launcher == (open_mpi ? "openmpi" : "pmi"));
     CHECK(info.local_from_launcher);
     CHECK(info.local_rank == std::stoi(local));
 
