@@ -191,6 +191,9 @@ void torch_ddp_accumulation_cases(C& comm) {
     torch_ddp_case(comm, kind::mlp, at::kDouble, torch_loop::accumulate_steps, 1e-12);
     torch_ddp_case<policy::gradients_in_buckets>(comm, kind::mlp, at::kDouble, torch_loop::no_sync,
                                                  1e-12);
+    // The unused head gets no gradient over a window of micro-batches either.
+    torch_ddp_case(comm, kind::unused_head, at::kDouble, torch_loop::accumulate_steps, 1e-12);
+    torch_ddp_case(comm, kind::unused_head, at::kDouble, torch_loop::no_sync, 1e-12);
 }
 
 /// Buffers: with broadcast_buffers every rank's running statistics are rank 0's

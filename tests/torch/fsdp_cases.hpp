@@ -372,6 +372,15 @@ void torch_fsdp_error_cases(C& comm) {
         });
         refused("a weight penalty outside the unit", "aten::pow", [&] { (void)w.pow(2).sum(); });
         refused("a view of it", "aten::", [&] { (void)w.t().abs(); });
+        // Kernels that copy the data themselves (copy_'s is composite) are refused
+        // too, not run on the released parameter's null data.
+        refused("a clone", "aten::copy_", [&] { (void)w.clone(); });
+        refused("a conversion", "aten::copy_", [&] { (void)w.to(at::kDouble); });
+        refused("a copy out of it", "aten::copy_", [&] { at::empty_like(before).copy_(w); });
+        refused("a copy into it", "aten::copy_", [&] {
+            const ::torch::NoGradGuard no_grad;
+            w.copy_(before);
+        });
         o.expect(w.sizes() == before.sizes(), "the released parameter shows shape " +
                                                   c10::str(w.sizes()) + ", not " +
                                                   c10::str(before.sizes()));

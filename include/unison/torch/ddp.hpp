@@ -88,6 +88,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -206,9 +207,12 @@ private:
 
     ddp(placed_tag, C& comm, std::shared_ptr<::torch::nn::Module> module, ddp_options options,
         std::optional<device_setup<engine_type>> device)
-        : module_(std::move(module)), options_(options), claim_(module_, "torch::ddp", comm.rank()),
+        : module_(std::move(module)), options_(options), claim_(module_, "torch::ddp"),
           placed_(device ? std::optional<unison::device>(device->location()) : std::nullopt),
           guard_(placed_), engine_(comm, checked(options_, comm, module_).engine()) {
+        if constexpr (moves_host_memory<C>) {
+            claim_.agree(comm, unison::detail::placement{}); // first: nothing local can throw
+        }
         check_devices();
         if (placed_) {
             // The collectives below read the module on the communicator's stream:
@@ -218,6 +222,9 @@ private:
         register_module();
         if (device) {
             (*device)(engine_); // before start(): the buckets are made there
+        }
+        if constexpr (!moves_host_memory<C>) { // its control traffic needs the device
+            claim_.agree(comm, engine_.reducer().placement());
         }
         detail::verify_same_module(engine_.communicator(), engine_.reducer().placement(), *module_,
                                    "torch::ddp");
@@ -279,7 +286,8 @@ private:
             }
         }
         marked_.assign(params_.size(), 0);
-        present_.assign(params_.size(), 1);
+        present_.assign(params_.size(), 0);
+        filled_.assign(params_.size(), 0);
     }
 
     /// Gradient i is final once autograd has accumulated it into p.grad: a post hook
@@ -346,9 +354,16 @@ private:
     void end_backward() {
         in_backward_ = false;
         for (std::size_t i = 0; i < params_.size(); ++i) {
-            present_[i] = marked_[i] != 0 || params_[i].grad().defined() ? 1 : 0;
+            // Over the whole accumulation window: reached by backward, or holding a
+            // gradient that is not the zero this wrapper filled in.
+            const bool held = params_[i].grad().defined() && filled_[i] == 0;
+            present_[i] = present_[i] != 0 || marked_[i] != 0 || held ? 1 : 0;
             if (marked_[i] == 0) {
+                const bool undefined = !params_[i].grad().defined();
                 follow_gradient(i); // unused this step: the average still lands in p.grad
+                filled_[i] = filled_[i] != 0 || undefined ? 1 : 0;
+            } else {
+                filled_[i] = 0;
             }
             marked_[i] = 0;
         }
@@ -362,6 +377,10 @@ private:
             if (synchronized_) {
                 drop_unused_gradients(); // after any re-pointing, which defines them all
             }
+        }
+        if (synchronized_) { // a new window: what is left in p.grad is a real gradient
+            std::fill(present_.begin(), present_.end(), 0);
+            std::fill(filled_.begin(), filled_.end(), 0);
         }
         if (synchronized_ && options_.broadcast_buffers) {
             engine_.broadcast_buffers(options_.root);
@@ -427,7 +446,12 @@ private:
     std::vector<detail::accumulator_ptr> accumulators_;
     std::vector<std::uintptr_t> hook_keys_;
     std::vector<std::uint8_t> marked_;
-    std::vector<std::int64_t> present_; ///< used, or holding a gradient, in this backward
+    /// Used, or holding a gradient, in this accumulation window (since the last
+    /// synchronizing backward).
+    std::vector<std::int64_t> present_;
+    /// p.grad is the zero this wrapper filled in for a parameter that backward did
+    /// not reach in this window (not a gradient one process would have).
+    std::vector<std::uint8_t> filled_;
     std::uint64_t layout_version_ = ~std::uint64_t{0};
     int no_sync_depth_ = 0;
     bool in_backward_ = false;

@@ -389,12 +389,13 @@ private:
     fsdp(placed_tag, C& comm, std::shared_ptr<::torch::nn::Module> model,
          std::vector<std::shared_ptr<::torch::nn::Module>> units, options_type options,
          std::optional<device_setup<engine_type>> device)
-        : model_(std::move(model)), claim_(model_, "torch::fsdp", comm.rank()),
+        : model_(std::move(model)), claim_(model_, "torch::fsdp"),
           placed_(device ? std::optional<unison::device>(device->location()) : std::nullopt),
           guard_(placed_), engine_(comm, std::move(options)) {
         if (!model_) {
             fail("the module is null");
         }
+        claim_.agree(comm, unison::detail::placement{}); // before anything that can throw here
         collect(units);
         if (placed_) {
             // The collectives below read the module on the communicator's stream:

@@ -78,6 +78,14 @@ private:
             auto library = std::make_unique<::torch::Library>(::torch::Library::IMPL, "_",
                                                               released_key, __FILE__, __LINE__);
             library->fallback(::torch::CppFunction::makeFromBoxedFunction<&refuse>());
+            // copy_ has a CompositeExplicitAutograd kernel, which the dispatcher
+            // prefers to a backend fallback, and which reads and writes the data
+            // itself: clone(), to(), copy_ and torch::load would reach the null data
+            // pointer. The key's own kernel for it comes first.
+            auto aten = std::make_unique<::torch::Library>(::torch::Library::IMPL, "aten",
+                                                           released_key, __FILE__, __LINE__);
+            aten->impl("copy_", ::torch::CppFunction::makeFromBoxedFunction<&refuse>());
+            aten_ = std::move(aten);
             library_ = std::move(library);
         } catch (const std::exception&) { // the program has a fallback of its own there
         }
@@ -118,6 +126,7 @@ private:
     std::mutex mutex_;
     std::unordered_map<const c10::StorageImpl*, entry> entries_;
     std::unique_ptr<::torch::Library> library_;
+    std::unique_ptr<::torch::Library> aten_;
 };
 
 } // namespace unison::torch::detail
