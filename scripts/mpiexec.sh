@@ -7,7 +7,8 @@
 set -euo pipefail
 launcher=${UNISON_MPIEXEC:-mpiexec}
 flags=()
-if "$launcher" --version 2>/dev/null | grep -qE "Open MPI|OpenRTE"; then
+version=$("$launcher" --version 2>/dev/null || true)
+if grep -qE "Open MPI|OpenRTE" <<<"$version"; then
     flags=(--oversubscribe --mca btl self,vader)
     [ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
 fi

@@ -3,7 +3,7 @@
 // naming it, catch the error and return from main as a program would. MPI_Finalize
 // would wait for the stopped rank forever; mpi_environment instead ends the job
 // with MPI_Abort and exit code 75, after one more timeout. Run by CTest under
-// mpiexec with a wrapper (tests/faults/expect_abort.sh) that checks the exit code,
+// mpiexec with a wrapper (tests/faults/expect_exit.sh) that checks the exit code,
 // the message and the time taken.
 
 #include <unison/mpi.hpp>

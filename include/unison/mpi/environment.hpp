@@ -35,7 +35,13 @@ namespace unison {
 /// rank it was waiting for, and ends the whole job with
 /// `MPI_Abort(MPI_COMM_WORLD, abort_exit_code)`, which the launcher turns into the
 /// job's exit status. Processes without an abandoned call wait as long as it
-/// takes (the others may still be saving a checkpoint), as MPI_Finalize would.
+/// takes (the others may still be saving a checkpoint), as MPI_Finalize would,
+/// and so does a process whose abandoned calls were followed by a communicator
+/// spanning the whole job (every process was alive then: the job recovered).
+///
+/// Every process of the job constructs one (it duplicates MPI_COMM_WORLD, a
+/// collective): in a job that mixes programs, each must use mpi_environment, or
+/// none.
 class mpi_environment {
 public:
     /// The exit status of a job that this process ended because a peer never came
@@ -66,7 +72,12 @@ public:
         if (owner_) {
             // The exit barrier's own context: nothing the program posts on
             // MPI_COMM_WORLD can match it.
-            UNISON_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &exit_comm_), rank, "mpi_environment");
+            if (const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &exit_comm_); rc != MPI_SUCCESS) {
+                MPI_Finalize();
+                throw error(
+                    rank, "mpi_environment",
+                    "MPI_Comm_dup(MPI_COMM_WORLD) failed with MPI error " + std::to_string(rc), rc);
+            }
         }
     }
     mpi_environment(const mpi_environment&) = delete;

@@ -33,6 +33,13 @@ public:
             first_ = std::move(c);
         }
     }
+    /// Forgets every abandoned call: a communicator spanning every process of the
+    /// job was built since, so every process was alive then (the job recovered).
+    void clear() {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        first_.reset();
+        longest_ = std::chrono::milliseconds(0);
+    }
     /// The first call abandoned in this process, if any.
     std::optional<abandoned_call> first() const {
         const std::lock_guard<std::mutex> lock(mutex_);

@@ -34,6 +34,10 @@
 
 #include <mpi.h>
 
+#ifdef __linux__
+#include <sched.h>
+#endif
+
 #include <chrono>
 #include <climits>
 #include <cstddef>
@@ -151,7 +155,7 @@ public:
     int node = 0;          ///< this rank's node's name (find_nodes)
     node_layout nodes;     ///< which ranks share a node (memory), the same on every rank
     bool one_node = false; ///< every rank on one node
-    /// More of this communicator's ranks on a node than it has hardware threads: a
+    /// More of this communicator's ranks on a node than this process has cores: a
     /// waiting rank yields at every poll, so that the peer it waits for can run (an
     /// MPI's own progress loop does not always yield: MPICH's does not).
     bool oversubscribed = false;
@@ -235,8 +239,28 @@ private:
         }
         nodes = node_layout::of(node_of, rank);
         one_node = nodes.one_node(size);
-        const unsigned cores = std::thread::hardware_concurrency();
-        oversubscribed = cores != 0 && static_cast<unsigned>(nodes.node_ranks) > cores;
+        const int cores = usable_cores();
+        oversubscribed = cores > 0 && nodes.node_ranks > cores;
+        int world = 0;
+        MPI_Comm_size(MPI_COMM_WORLD, &world);
+        if (size == world) {
+            // Every process of the job took part in this construction: calls abandoned
+            // before it no longer say that a peer is gone (mpi_environment reads it).
+            abandoned_calls::instance().clear();
+        }
+    }
+
+    /// The cores this process may run on (its CPU affinity, which containers and
+    /// taskset narrow), or 0 when unknown.
+    static int usable_cores() noexcept {
+#ifdef __linux__
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+            return CPU_COUNT(&set);
+        }
+#endif
+        return static_cast<int>(std::thread::hardware_concurrency());
     }
 
     template <class Seq>
