@@ -6,6 +6,7 @@
 ///
 ///     unison-zero-bench                 # 1, 2 and 4 ranks
 ///     unison-zero-bench -r 2,4 -n 5     # ranks 2 and 4, 5 timed steps each
+///     unison-zero-bench -r 4 -a 4       # and gradient accumulation over 4 micro-batches
 ///
 /// Consecutive tensors are grouped into units of at least 2 M parameters (about a
 /// transformer block each), each a unit of the fsdp engine. One step is what a
@@ -17,6 +18,12 @@
 /// elements per rank in one step, the step's small all-reduce of checks (8 doubles)
 /// included; the time is the median over -n steps of the slowest rank, after one
 /// untimed step. Memory and traffic are printed over Psi, next to the formulas.
+///
+/// With `-a K`, a second table: the strategies that shard gradients with K
+/// micro-batches per optimizer step (accumulate_steps = K; each micro-batch one
+/// forward and backward of every unit, then step()), in each accumulation mode:
+/// the peak of transient memory (gathered parameters and full gradients), the
+/// traffic of one window over Psi and the window's time.
 
 #include "model_shapes.hpp"
 #include "model_shapes_json.hpp" // generated from model_shapes.json (bench/CMakeLists.txt)
@@ -43,6 +50,7 @@ using clock_type = std::chrono::steady_clock;
 
 struct row {
     std::string sharding;
+    std::string mode;
     int ranks = 0;
     double memory_per_psi = 0, memory_formula = 0;
     double traffic_per_psi = 0, traffic_formula = 0;
@@ -52,9 +60,11 @@ struct row {
 
 template <class Sharding>
 row measure(const bench::model_shapes& model, int ranks, int iterations, const char* label,
-            double memory_formula, double traffic_factor) {
+            double memory_formula, double traffic_factor, int micro = 1,
+            accumulation mode = accumulation::in_shard) {
     row out;
     out.sharding = label;
+    out.mode = mode == accumulation::in_shard ? "in_shard" : "unsharded";
     out.ranks = ranks;
     std::mutex m;
     std::vector<double> slowest(static_cast<std::size_t>(iterations), 0.0);
@@ -63,7 +73,8 @@ row measure(const bench::model_shapes& model, int ranks, int iterations, const c
         using engine_type = fsdp<counting_communicator<thread_communicator>, Sharding,
                                  policy::mixed_precision<dtype::bf16, dtype::bf16, dtype::f32>>;
         const int group = engine_type::strategy::hybrid ? std::max(1, ranks / 2) : ranks;
-        engine_type engine(counted, {.shard_group_size = group});
+        engine_type engine(
+            counted, {.shard_group_size = group, .accumulate_steps = micro, .accumulate = mode});
         std::vector<typename engine_type::parameter> unit;
         std::vector<unit_handle> units;
         std::size_t in_unit = 0;
@@ -82,19 +93,24 @@ row measure(const bench::model_shapes& model, int ranks, int iterations, const c
         engine.start();
         const bf16 value(0.001f * static_cast<float>(comm.rank() + 1));
 
-        auto step = [&] {
-            for (const unit_handle& u : units) {
-                auto scope = engine.forward(u);
-                (void)engine.value(u[0]);
-            }
-            for (auto u = units.rbegin(); u != units.rend(); ++u) {
-                auto scope = engine.backward(*u);
-                for (std::size_t j = 0; j < u->size(); ++j) {
-                    auto g = engine.gradient((*u)[j]);
-                    std::fill(g.data, g.data + g.size, value);
+        auto step = [&] { // one optimizer step: `micro` micro-batches
+            for (int m = 0; m < micro; ++m) {
+                for (const unit_handle& u : units) {
+                    auto scope = engine.forward(u);
+                    (void)engine.value(u[0]);
                 }
+                for (auto u = units.rbegin(); u != units.rend(); ++u) {
+                    auto scope = engine.backward(*u);
+                    for (std::size_t j = 0; j < u->size(); ++j) {
+                        auto g = engine.gradient((*u)[j]);
+                        for (std::size_t i = 0; i < g.size; ++i) {
+                            g.data[i] =
+                                bf16(static_cast<float>(g.data[i]) + static_cast<float>(value));
+                        }
+                    }
+                }
+                engine.step();
             }
-            engine.step();
         };
         step(); // untimed; also settles the allocator
         counted.reset();
@@ -129,7 +145,8 @@ row measure(const bench::model_shapes& model, int ranks, int iterations, const c
 }
 
 int usage() {
-    std::fprintf(stderr, "usage: unison-zero-bench [-r ranks,ranks,...] [-n timed steps]\n");
+    std::fprintf(stderr, "usage: unison-zero-bench [-r ranks,ranks,...] [-n timed steps] "
+                         "[-a micro-batches per step]\n");
     return 2;
 }
 
@@ -153,6 +170,7 @@ int positive(std::string_view option, std::string_view text, int high) {
 int main(int argc, char** argv) {
     std::vector<int> ranks_list{1, 2, 4};
     int iterations = 3;
+    int micro = 0;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         if (i + 1 >= argc) {
@@ -170,6 +188,11 @@ int main(int argc, char** argv) {
                 }
                 ranks_list.push_back(r);
                 at = comma + 1;
+            }
+        } else if (arg == "-a") {
+            micro = positive(arg, value, 1024);
+            if (micro < 1) {
+                return 2;
             }
         } else if (arg == "-n") {
             iterations = positive(arg, value, 1 << 20);
@@ -213,6 +236,28 @@ int main(int argc, char** argv) {
                 std::printf("| %s | %d | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f |\n",
                             r.sharding.c_str(), r.ranks, r.memory_per_psi, r.memory_formula,
                             r.traffic_per_psi, r.traffic_formula, r.gathered_peak_mb, r.step_ms);
+            }
+        }
+        if (micro > 0) {
+            std::printf("\nGradient accumulation, %d micro-batches per step: transient memory "
+                        "(gathered parameters and full gradients) and traffic of one step\n\n",
+                        micro);
+            std::printf("| sharding | accumulate | ranks | peak gathered MB | traffic / Psi | "
+                        "step ms |\n");
+            std::printf("|---|---|---:|---:|---:|---:|\n");
+            for (int n : ranks_list) {
+                std::vector<row> rows;
+                for (const accumulation mode : {accumulation::in_shard, accumulation::unsharded}) {
+                    rows.push_back(measure<policy::zero<2>>(model, n, iterations, "zero<2>", 0, 0,
+                                                            micro, mode));
+                    rows.push_back(measure<policy::zero<3>>(
+                        model, n, iterations, "zero<3> = shard::full", 0, 0, micro, mode));
+                }
+                for (const row& r : rows) {
+                    std::printf("| %s | %s | %d | %.1f | %.3f | %.1f |\n", r.sharding.c_str(),
+                                r.mode.c_str(), r.ranks, r.gathered_peak_mb, r.traffic_per_psi,
+                                r.step_ms);
+                }
             }
         }
     } catch (const std::exception& e) {

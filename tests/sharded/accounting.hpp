@@ -188,6 +188,7 @@ void mixed_precision_case(C& comm, const std::string& name) {
     for (int step = 1; step <= 3; ++step) {
         synthetic_backward<bf16>(sp, 10 + step, 1.0);
         opt.step();
+        sp.zero_grad(); // gradients accumulate until zeroed
         for (std::size_t id = 0; id < sp.parameter_count(); ++id) {
             for (std::size_t i = 0; i < master[id].size(); ++i) {
                 // The gradient as the library sees it: bf16 per rank, summed in f32,
@@ -294,6 +295,7 @@ void loss_scaling_case(C& comm, const std::string& name) {
         synthetic_backward<half>(scaled_sp, 20 + static_cast<std::uint64_t>(step), s, poison, true);
         const auto before = optimizer_bytes(scaled);
         const step_result r = scaled.step();
+        scaled_sp.zero_grad();
         if (step == bad_step) {
             o.expect(r.skipped, "the step with an inf was not skipped");
             o.expect(optimizer_bytes(scaled) == before,
@@ -303,6 +305,7 @@ void loss_scaling_case(C& comm, const std::string& name) {
             synthetic_backward<half>(plain_sp, 20 + static_cast<std::uint64_t>(step), 1.0, false,
                                      true);
             plain.step();
+            plain_sp.zero_grad();
         }
     }
     o.expect(scaled.steps() == 5,

@@ -68,6 +68,7 @@ void train_and_save(C& comm, const std::filesystem::path& dir, int steps) {
         synthetic_backward<std::conditional_t<Precision::param == dtype::bf16, bf16, float>>(
             sp, 40 + static_cast<std::uint64_t>(s), 1.0);
         opt.step();
+        sp.zero_grad();
     }
     save_checkpoint(dir, sp, opt);
 }

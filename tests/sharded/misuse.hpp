@@ -5,6 +5,8 @@
 
 #include "accounting.hpp"
 
+#include <filesystem>
+
 namespace unison::test {
 
 template <communicator C>
@@ -45,6 +47,51 @@ void sharded_misuse_cases(C& comm) {
         CHECK_THROWS_WITH_AS(sp.wait_gradients(),
                              doctest::Contains("unit 0 got gradients but reduce_gradients(0)"),
                              argument_error);
+        sp.zero_grad();
+    }
+    {
+        // Full gradients resident (ZeRO-0): a second reduction before zero_grad would
+        // mix an average into the next sum, so it is refused; the values stay.
+        sharded_parameters<C, zero<0>> sp(comm);
+        sp.add_unit({{"a", 10}});
+        sp.start();
+        sp.template gradient<float>(0).data[2] = 3.0f;
+        sp.reduce_gradients(0);
+        sp.wait_gradients();
+        sp.template gradient<float>(0).data[2] += 1.0f;
+        CHECK_THROWS_WITH_AS(sp.reduce_gradients(0),
+                             doctest::Contains("unit 0 reduced again before zero_grad(): its "
+                                               "full gradients already hold the average"),
+                             argument_error);
+        CHECK(sp.template gradient<float>(0).data[2] == 4.0f);
+        sp.zero_grad();
+    }
+    {
+        // Gradients sharded (ZeRO-2): a second reduction before zero_grad adds to the
+        // shard. Rank r writes r + 1, then 10 * (r + 1): the shard holds the sum of
+        // both averages, 11 * (n + 1) / 2.
+        const int n = comm.size();
+        sharded_parameters<C, zero<2>> sp(comm);
+        sp.add_unit({{"a", 12}});
+        sp.start();
+        for (const float f : {1.0f, 10.0f}) {
+            const view<float> g = sp.template gradient<float>(0);
+            for (std::size_t i = 0; i < g.size; ++i) {
+                g.data[i] = f * static_cast<float>(comm.rank() + 1) + static_cast<float>(i);
+            }
+            sp.reduce_gradients(0);
+            sp.wait_gradients();
+        }
+        const auto part = sp.partition_of(0);
+        const float* got = static_cast<const float*>(part.grad);
+        bool ok = true;
+        for (std::size_t i = part.range.begin; i < part.range.end && i < 12; ++i) {
+            const double want = 11.0 * (n + 1) / 2.0 + 2.0 * static_cast<double>(i);
+            ok = ok && std::abs(got[i - part.range.begin] - want) <= 1e-5 * want;
+        }
+        CHECK_MESSAGE(ok, "rank " << comm.rank()
+                                  << ": two reductions were not summed in the "
+                                     "shard");
         sp.zero_grad();
     }
     if (comm.size() == 3) {
@@ -120,9 +167,70 @@ void fsdp_misuse_cases(C& comm) {
                              doctest::Contains("unit 1 entered backward after its gradients were "
                                                "reduced in this step"),
                              argument_error);
+        CHECK_THROWS_WITH_AS(engine.before_backward(u1),
+                             doctest::Contains("set fsdp_options::accumulate_steps and call "
+                                               "step() after each, or run all but the last "
+                                               "inside no_sync()"),
+                             argument_error);
         const step_result r = engine.step(); // unit 0 took no part: reduced as zero
         CHECK_FALSE(r.skipped);
         CHECK(engine.steps() == 1);
+    }
+    {
+        // Accumulation misused: step() inside no_sync, a checkpoint inside a window,
+        // a window of no micro-batches. Nothing is lost: the window goes on.
+        CHECK_THROWS_WITH_AS((fsdp<C, shard::full>(comm, {.accumulate_steps = 0})),
+                             doctest::Contains("accumulate_steps is 0"), argument_error);
+        fsdp<C, shard::full, optim::sgd> engine(comm,
+                                                {.optimizer = {.lr = 1.0}, .accumulate_steps = 2});
+        const unit_handle u = engine.add_unit({{"a", a}});
+        engine.start();
+        auto micro_batch = [&](float g) {
+            { auto scope = engine.forward(u); }
+            auto scope = engine.backward(u);
+            for (std::size_t i = 0; i < 10; ++i) {
+                engine.gradient(u[0]).data[i] += g;
+            }
+        };
+        {
+            auto quiet = engine.no_sync();
+            micro_batch(1.0f);
+            CHECK_THROWS_WITH_AS(engine.step(),
+                                 doctest::Contains("called inside no_sync(): the gradients of "
+                                                   "this window are not reduced yet"),
+                                 argument_error);
+            CHECK(engine.accumulating());
+            CHECK_THROWS_WITH_AS(
+                save_checkpoint(std::filesystem::temp_directory_path() / "unison-never-written",
+                                engine),
+                doctest::Contains("inside an accumulation window"), argument_error);
+        }
+        CHECK_FALSE(engine.accumulating());
+        CHECK(engine.step().accumulated); // micro-batch 1 of 2 (it ran under no_sync)
+        CHECK(engine.accumulating());
+        CHECK_THROWS_WITH_AS(
+            load_checkpoint(std::filesystem::temp_directory_path() / "unison-never-written",
+                            engine),
+            doctest::Contains("1 micro-batch(es) ended by step()"), argument_error);
+        micro_batch(2.0f);
+        const step_result r = engine.step();
+        CHECK_FALSE(r.accumulated);
+        CHECK(engine.steps() == 1);
+        std::vector<float> after(10);
+        engine.copy_full(u[0], after);
+        CHECK(after[4] == doctest::Approx(0.5 - 3.0)); // SGD, lr 1, the window's gradient 1 + 2
+    }
+    if (comm.size() > 1) {
+        // Another accumulate_steps on the last rank: every rank learns it at start().
+        const bool odd = comm.rank() + 1 == comm.size();
+        fsdp<C, shard::full> engine(comm, {.accumulate_steps = odd ? 3 : 2});
+        engine.add_unit({{"a", a}});
+        const std::string want =
+            "rank " + std::to_string(comm.size() - 1) + " has accumulate_steps = 3, this rank 2";
+        CHECK_THROWS_WITH_AS(
+            engine.start(),
+            doctest::Contains(odd ? "accumulate_steps = 2, this rank 3" : want.c_str()),
+            mismatch_error);
     }
     if (comm.size() > 1) {
         // Rank 1 runs the two units (of the same size) in the other order: where calls

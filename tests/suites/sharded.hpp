@@ -6,6 +6,7 @@
 // sharding on device is compared with sharding on the host in tests/cuda/.
 
 #include "../sharded/accounting.hpp"
+#include "../sharded/accumulation.hpp"
 #include "../sharded/checkpoint.hpp"
 #include "../sharded/engine.hpp"
 #include "../sharded/misuse.hpp"
@@ -18,6 +19,10 @@
 TEST_CASE_TEMPLATE_DEFINE("sharded: ZeRO and FSDP training equal DDP and single-process training",
                           Backend, sharded_training) {
     Backend::run([](auto& comm) { unison::test::sharded_training_cases(comm); });
+}
+TEST_CASE_TEMPLATE_DEFINE("sharded: gradient accumulation in every mode equals one big batch",
+                          Backend, sharded_accumulation) {
+    Backend::run([](auto& comm) { unison::test::accumulation_cases(comm); });
 }
 TEST_CASE_TEMPLATE_DEFINE("sharded: memory and traffic formulas, mixed precision, loss scaling",
                           Backend, sharded_accounting) {
@@ -51,6 +56,7 @@ TEST_CASE_TEMPLATE_DEFINE("sharded: a rank that skips a step is caught at the st
 /// Registers every test case of the sharded suite for backend fixture `Backend`.
 #define UNISON_SHARDED_SUITE(Backend)                                                              \
     TEST_CASE_TEMPLATE_INVOKE(sharded_training, Backend);                                          \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_accumulation, Backend);                                      \
     TEST_CASE_TEMPLATE_INVOKE(sharded_accounting, Backend);                                        \
     TEST_CASE_TEMPLATE_INVOKE(sharded_checkpoints, Backend);                                       \
     TEST_CASE_TEMPLATE_INVOKE(sharded_engine, Backend);                                            \

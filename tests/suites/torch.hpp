@@ -46,6 +46,11 @@ TEST_CASE_TEMPLATE_DEFINE("torch fsdp: sharded modules train as one process", Ba
     UNISON_TORCH_ONE_THREAD();
     Backend::run([](auto& comm) { unison::test::torch_fsdp_training_cases(comm); });
 }
+TEST_CASE_TEMPLATE_DEFINE("torch fsdp: micro-batches accumulated in every mode", Backend,
+                          torch_fsdp_accumulation) {
+    UNISON_TORCH_ONE_THREAD();
+    Backend::run([](auto& comm) { unison::test::torch_fsdp_accumulation_cases(comm); });
+}
 TEST_CASE_TEMPLATE_DEFINE("torch fsdp: a unit used twice, an unused layer", Backend,
                           torch_fsdp_units) {
     UNISON_TORCH_ONE_THREAD();
@@ -70,6 +75,7 @@ TEST_CASE_TEMPLATE_DEFINE("torch: a module where the engine is not is refused", 
     TEST_CASE_TEMPLATE_INVOKE(torch_ddp_misuse, Backend);                                          \
     TEST_CASE_TEMPLATE_INVOKE(torch_second_engine, Backend);                                       \
     TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_training, Backend);                                       \
+    TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_accumulation, Backend);                                   \
     TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_units, Backend);                                          \
     TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_misuse, Backend);                                         \
     TEST_CASE_TEMPLATE_INVOKE(torch_device_misuse, Backend)

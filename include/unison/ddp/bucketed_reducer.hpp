@@ -687,7 +687,7 @@ private:
         const double pre = pre_scale();
         if constexpr (config::gradient_memory::in_buckets) {
             if (pre != 1.0) {
-                ops.scale_cast(b.data(), b.type, b.data(), b.type, b.count, pre);
+                ops.scale_cast(b.data(), b.type, b.data(), b.type, b.count, pre, false);
             }
         } else if (!b.any_zero) {
             for (const device_plans& p : b.plans) {
@@ -698,7 +698,7 @@ private:
                 const entry& e = entries_[g];
                 if (!e.zero) {
                     ops.scale_cast(slot(e), e.bucket_type, e.grad.data, e.grad.type, e.grad.count,
-                                   pre);
+                                   pre, false);
                 }
             }
         }
@@ -715,7 +715,7 @@ private:
         detail::device_ops& ops = *place_.ops;
         if constexpr (config::gradient_memory::in_buckets) {
             if (post != 1.0) {
-                ops.scale_cast(b.data(), b.type, b.data(), b.type, b.count, post);
+                ops.scale_cast(b.data(), b.type, b.data(), b.type, b.count, post, false);
             }
         } else {
             for (const device_plans& p : b.plans) {

@@ -92,12 +92,12 @@ public:
         UNISON_CHECK_CUDA(cudaMemsetAsync(dst, 0, bytes, stream_), -1, "zero fill on " + where());
     }
     void scale_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n,
-                    double scale) override {
-        if (dst == src && scale == 1.0 && dst_type == src_type) {
+                    double scale, bool accumulate) override {
+        if (dst == src && scale == 1.0 && dst_type == src_type && !accumulate) {
             return;
         }
         cuda::device_guard guard(dev_);
-        kernels::scale_cast(dst, dst_type, src, src_type, n, scale, false, stream_);
+        kernels::scale_cast(dst, dst_type, src, src_type, n, scale, accumulate, stream_);
     }
     std::unique_ptr<device_plan> plan(std::span<const kernels::copy_piece> pieces) override {
         cuda::device_guard guard(dev_);

@@ -446,9 +446,26 @@ void load_checkpoint(const std::filesystem::path& dir, SP& params) {
     detail::load_checkpoint_impl<SP, void>(dir, params, nullptr);
 }
 
+namespace detail {
+/// A checkpoint carries no gradients: inside an accumulation window (the same on
+/// every rank) the micro-batches accumulated so far would be lost, so it is refused.
+template <class Engine>
+void refuse_mid_window(Engine& engine, const char* operation) {
+    if (engine.accumulating()) {
+        throw argument_error(engine.communicator().rank(), operation,
+                             "the fsdp engine is inside an accumulation window (" +
+                                 std::to_string(engine.micro_batch()) +
+                                 " micro-batch(es) ended by step(), or a no_sync scope open): "
+                                 "checkpoints carry no gradients; save or load after the "
+                                 "window's last step()");
+    }
+}
+} // namespace detail
+
 /// Saves an fsdp engine's parameters and optimizer state (after start()). Collective.
 template <communicator C, class... Ps>
 void save_checkpoint(const std::filesystem::path& dir, fsdp<C, Ps...>& engine) {
+    detail::refuse_mid_window(engine, "save_checkpoint");
     detail::save_checkpoint_impl(dir, engine.parameters(), &engine.optimizer());
 }
 /// Loads an fsdp engine's parameters and optimizer state (after start()), whatever
@@ -456,6 +473,7 @@ void save_checkpoint(const std::filesystem::path& dir, fsdp<C, Ps...>& engine) {
 /// is changed. Collective.
 template <communicator C, class... Ps>
 void load_checkpoint(const std::filesystem::path& dir, fsdp<C, Ps...>& engine) {
+    detail::refuse_mid_window(engine, "load_checkpoint");
     detail::load_checkpoint_impl(dir, engine.parameters(), &engine.optimizer());
 }
 

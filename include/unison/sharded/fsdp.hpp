@@ -33,6 +33,20 @@
 /// starts gathering the next `prefetch` units of that order (registration order in
 /// the first step), within `max_live_units`.
 ///
+/// Gradient accumulation, each micro-batch with its own forward and backward, one
+/// optimizer step per window, in two ways:
+///   - `accumulate_steps = K` in the options: call step() after every micro-batch;
+///     the K-th updates, the others only end their micro-batch (DeepSpeed's
+///     gradient_accumulation_steps). `accumulate` chooses whether each micro-batch
+///     reduce-scatters into the gradient shards (accumulation::in_shard, least
+///     memory) or the full gradients are kept and reduced once on the K-th
+///     (accumulation::unsharded, least communication);
+///   - or run the micro-batches but the last inside a `no_sync()` scope, then the
+///     last outside it, then step() (PyTorch's no_sync): the full gradients are
+///     kept and reduced once, in the last micro-batch's backward.
+/// Where gradients are not sharded (ZeRO-0/1) both keep the full gradients and
+/// reduce once. Scale each micro-batch's loss as for the window's whole batch.
+///
 /// `step()` completes the reductions, then in one small all-reduce checks for
 /// inf/nan (skipping the step on every rank), computes the global norm (clipping to
 /// `max_grad_norm`) and checks that every rank gathered and reduced the same units
@@ -46,13 +60,16 @@
 #include "unison/core/dtype.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/tensor.hpp"
+#include "unison/parallel/detail/control.hpp"
 #include "unison/sharded/detail/config.hpp"
 #include "unison/sharded/options.hpp"
 #include "unison/sharded/partitioned_optimizer.hpp"
 #include "unison/sharded/sharded_parameters.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <initializer_list>
@@ -199,6 +216,26 @@ public:
         int exceptions_;
     };
 
+    /// While it lives, backward passes keep the full gradients on this rank and add
+    /// to them instead of reducing (see no_sync()). Move-only.
+    class no_sync_scope {
+    public:
+        no_sync_scope(no_sync_scope&& o) noexcept : engine_(std::exchange(o.engine_, nullptr)) {}
+        no_sync_scope& operator=(no_sync_scope&&) = delete;
+        no_sync_scope(const no_sync_scope&) = delete;
+        no_sync_scope& operator=(const no_sync_scope&) = delete;
+        ~no_sync_scope() {
+            if (engine_ != nullptr) {
+                --engine_->no_sync_depth_;
+            }
+        }
+
+    private:
+        friend class fsdp;
+        explicit no_sync_scope(fsdp* e) : engine_(e) { ++engine_->no_sync_depth_; }
+        fsdp* engine_;
+    };
+
     /// Keeps a reference to `comm`, which must outlive the engine. Splitting the
     /// communicator for shard::hybrid is collective.
     explicit fsdp(C& comm, options_type options = {})
@@ -207,6 +244,15 @@ public:
         if (options_.prefetch < 0) {
             fail("fsdp", "prefetch is " + std::to_string(options_.prefetch) +
                              "; it is 0 (off) or a number of units");
+        }
+        if (options_.accumulate_steps < 1) {
+            fail("fsdp", "accumulate_steps is " + std::to_string(options_.accumulate_steps) +
+                             "; it is 1 (no accumulation) or more micro-batches per step");
+        }
+        if (options_.accumulate != accumulation::in_shard &&
+            options_.accumulate != accumulation::unsharded) {
+            fail("fsdp", "accumulate is " + std::to_string(static_cast<int>(options_.accumulate)) +
+                             "; it is accumulation::in_shard or accumulation::unsharded");
         }
     }
 
@@ -273,13 +319,15 @@ public:
         decay_[p.id()] = decay ? 1 : 0;
     }
 
-    /// Checks that every rank added the same units with the same initial values, and
+    /// Checks that every rank added the same units with the same initial values and
+    /// passed the same options that decide its collectives and its arithmetic, and
     /// allocates the optimizer state. Collective.
     void start() {
         if (started_) {
             fail("start", "start() called twice");
         }
         params_.start();
+        verify_same_options();
         optimizer_.emplace(params_, options_.optimizer,
                            step_options{options_.max_grad_norm, options_.skip_nonfinite},
                            options_.loss_scaling);
@@ -360,6 +408,40 @@ public:
         end_backward(k, std::max(units_[k].backwards + 1, units_[k].uses));
     }
 
+    /// Backward passes inside the returned scope accumulate the full gradients on
+    /// this rank and reduce nothing (PyTorch's `no_sync`): run every micro-batch of
+    /// a window but the last inside it, the last outside it, then step(). Where
+    /// gradients are sharded, the full gradients of every unit that ran backward
+    /// stay resident until the last micro-batch reduces them. step() inside the
+    /// scope is an error. Scopes nest.
+    [[nodiscard]] no_sync_scope no_sync() {
+        require_started("no_sync");
+        return no_sync_scope(this);
+    }
+
+    /// Whether the backward of the current micro-batch reduces the gradients: false
+    /// inside no_sync(), and on the micro-batches of an accumulate_steps window but
+    /// the last where the full gradients are kept (accumulation::unsharded, or
+    /// gradients not sharded).
+    bool reduces_in_backward() const noexcept {
+        if (no_sync_depth_ > 0) {
+            return false;
+        }
+        if (last_micro_batch()) {
+            return true;
+        }
+        return strategy::grads_sharded && options_.accumulate == accumulation::in_shard;
+    }
+    /// Whether the next step() takes the optimizer step (the last micro-batch of the
+    /// accumulate_steps window, or every call without accumulation).
+    bool last_micro_batch() const noexcept { return micro_ + 1 >= options_.accumulate_steps; }
+    /// Micro-batches ended by step() in the current accumulate_steps window.
+    int micro_batch() const noexcept { return micro_; }
+    /// Whether gradients of an unfinished accumulation window are held (after a
+    /// step() that only accumulated, or inside no_sync()): checkpoints refuse then,
+    /// as they do not carry gradients.
+    bool accumulating() const noexcept { return micro_ > 0 || no_sync_depth_ > 0; }
+
     /// Frees every gathered unit outside a scope: after evaluation forwards with a
     /// strategy that keeps forward's parameters for backward (shard::grad_op), which
     /// would otherwise stay gathered until the next backward or step(). No-op when
@@ -438,9 +520,17 @@ public:
 
     /// Ends the iteration (see the file comment): reductions completed and checked,
     /// the optimizer step taken (or skipped on inf/nan, on every rank), the
-    /// gradients zeroed for the next iteration. Collective.
+    /// gradients zeroed for the next iteration. Collective. With accumulate_steps,
+    /// a call that is not the window's last ends its micro-batch only (completing
+    /// its reductions where each micro-batch reduces) and returns a result with
+    /// `accumulated` set.
     step_result step() {
         require_started("step");
+        if (no_sync_depth_ > 0) {
+            fail("step", "called inside no_sync(): the gradients of this window are not "
+                         "reduced yet. Run the window's last micro-batch outside the no_sync "
+                         "scope (its backward reduces them), then call step()");
+        }
         for (std::size_t k = 0; k < units_.size(); ++k) {
             if (units_[k].active != phase::none) {
                 fail("step", "unit " + std::to_string(k) + " is still inside its " +
@@ -448,18 +538,13 @@ public:
                                  " (after_forward/after_backward, or the scope's end, missing)");
             }
         }
-        // Units that took no part in backward contribute zero, in unit order.
-        for (std::size_t k = 0; k < units_.size(); ++k) {
-            if (!units_[k].reduced) {
-                params_.reduce_gradients(k);
-            }
-        }
-        release_all();          // prefetched but never used, or kept from forward
+        const bool last = last_micro_batch();
         struct next_iteration { // also when the step throws: the next one starts clean
             fsdp& e;
-            bool zeroed = false;
+            bool last;
+            bool done = false;
             ~next_iteration() {
-                if (!zeroed) { // a failed step: no stale gradient carries over
+                if (!done) { // a failed step: no stale gradient carries over
                     try {
                         e.params_.zero_grad();
                     } catch (...) { // the step's own error is the one to report
@@ -470,13 +555,30 @@ public:
                     s.backwards = 0;
                     s.reduced = false;
                 }
+                e.micro_ = last || !done ? 0 : e.micro_ + 1;
                 e.observed_ = true;
                 e.cursor_[0] = e.cursor_[1] = 0;
             }
-        } done{*this};
+        } ended{*this, last};
+        // Units that took no part in backward contribute zero, in unit order.
+        if (reduces_in_backward()) {
+            for (std::size_t k = 0; k < units_.size(); ++k) {
+                if (!units_[k].reduced) {
+                    params_.reduce_gradients(k);
+                }
+            }
+        }
+        release_all(); // prefetched but never used, or kept from forward
+        if (!last) {
+            if (reduces_in_backward()) {
+                params_.wait_gradients(); // added to the shards; full gradients freed
+            }
+            ended.done = true;
+            return step_result{.accumulated = true, .loss_scale = loss_scale()};
+        }
         const step_result r = optimizer_->step();
         params_.zero_grad();
-        done.zeroed = true;
+        ended.done = true;
         return r;
     }
 
@@ -580,9 +682,14 @@ private:
                            "were reduced in this step (" +
                            std::to_string(s.uses) + " forward use(s), " +
                            std::to_string(s.backwards) +
-                           " backward(s)); call step() between iterations");
+                           " backward(s)); call step() between iterations. To accumulate "
+                           "micro-batches, set fsdp_options::accumulate_steps and call step() "
+                           "after each, or run all but the last inside no_sync()");
         }
         s.active = p;
+        if (!observed_ && p == phase::forward && !order_[1].empty()) {
+            observed_ = true; // a forward after a backward: the first step's pass is over
+        }
         if (!observed_) {
             order_[p == phase::forward ? 0 : 1].push_back(k);
         }
@@ -600,15 +707,60 @@ private:
         return k;
     }
     /// Records `backwards` backward exits of unit k; the reduction starts once they
-    /// cover its forward uses.
+    /// cover its forward uses (unless this micro-batch only accumulates).
     void end_backward(std::size_t k, int backwards) {
         unit_state& s = units_[k];
         s.backwards = backwards;
-        if (s.backwards >= s.uses && !s.reduced) {
+        if (s.backwards >= s.uses && !s.reduced && reduces_in_backward()) {
             s.reduced = true;
             params_.reduce_gradients(k);
         }
         release(k, pass::backward);
+    }
+
+    /// The options that decide which collectives a step issues (accumulation,
+    /// prefetching and its limit) or what every rank computes (clipping, skipping)
+    /// must agree: a rank with another accumulate_steps would pair its reductions
+    /// with the others' accumulating micro-batches. mismatch_error naming the field
+    /// and the first rank that differs, on every rank.
+    void verify_same_options() {
+        static constexpr const char* fields[] = {"accumulate_steps", "accumulate",
+                                                 "prefetch",         "max_live_units",
+                                                 "max_grad_norm",    "skip_nonfinite"};
+        const std::vector<std::int64_t> mine{options_.accumulate_steps,
+                                             static_cast<std::int64_t>(options_.accumulate),
+                                             options_.prefetch,
+                                             options_.max_live_units,
+                                             std::bit_cast<std::int64_t>(options_.max_grad_norm),
+                                             options_.skip_nonfinite ? 1 : 0};
+        auto show = [](std::size_t f, std::int64_t v) {
+            if (f == 1) {
+                return std::string(v == 0 ? "accumulation::in_shard" : "accumulation::unsharded");
+            }
+            if (f == 4) {
+                return std::to_string(std::bit_cast<double>(v));
+            }
+            if (f == 5) {
+                return std::string(v != 0 ? "true" : "false");
+            }
+            return std::to_string(v);
+        };
+        std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_->size()));
+        detail::control_all_gather(*comm_, params_.placement(), std::span<const std::int64_t>(mine),
+                                   std::span<std::int64_t>(all));
+        for (int r = 0; r < comm_->size(); ++r) {
+            const std::int64_t* theirs = all.data() + mine.size() * static_cast<std::size_t>(r);
+            for (std::size_t f = 0; f < mine.size(); ++f) {
+                if (theirs[f] != mine[f]) {
+                    throw mismatch_error(comm_->rank(), "fsdp start",
+                                         std::string("rank ") + std::to_string(r) + " has " +
+                                             fields[f] + " = " + show(f, theirs[f]) +
+                                             ", this rank " + show(f, mine[f]) +
+                                             ": every rank must pass the same fsdp_options",
+                                         r, fields[f]);
+                }
+            }
+        }
     }
 
     /// Leaves a scope during stack unwinding: memory only, no collective.
@@ -703,6 +855,8 @@ private:
     std::vector<unsigned char> decay_;  // by parameter id, until start()
     std::vector<std::size_t> order_[2]; // forward, backward order of the first step
     std::size_t cursor_[2] = {0, 0};
+    int micro_ = 0;         // micro-batches ended in this accumulate_steps window
+    int no_sync_depth_ = 0; // live no_sync scopes
     bool observed_ = false;
     bool started_ = false;
 };

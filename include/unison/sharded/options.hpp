@@ -40,6 +40,23 @@ struct dynamic_loss_scale {
     std::uint64_t growth_interval = 2000;
 };
 
+/// How the sharding engine sums the gradients of an accumulation window's
+/// micro-batches where gradients are sharded (ZeRO-2/3, FSDP). Where the full
+/// gradients are resident anyway (ZeRO-0/1) both modes accumulate them locally and
+/// reduce once, on the window's last micro-batch.
+enum class accumulation : std::uint8_t {
+    /// Every micro-batch's backward reduce-scatters its gradients and adds them to
+    /// the owned shard (DeepSpeed ZeRO-2/3's way): full gradients live only during
+    /// their unit's backward, as without accumulation; one reduction per unit per
+    /// micro-batch.
+    in_shard,
+    /// The full gradients of every unit are kept on each rank across the window and
+    /// reduced once, in the last micro-batch's backward (FSDP2's "no gradient sync",
+    /// `no_sync()`): one reduction per unit per step; the full gradients of the whole
+    /// model stay resident during the window.
+    unsharded,
+};
+
 /// The numbers of the sharding engine `fsdp` with optimizer `O`.
 template <class O>
 struct fsdp_options {
@@ -60,6 +77,14 @@ struct fsdp_options {
     int max_live_units = 0;
     /// As shard_options::shard_group_size (shard::hybrid).
     int shard_group_size = 0;
+    /// Gradient accumulation: each optimizer step covers this many micro-batches,
+    /// each with its forward and backward; call `fsdp::step()` after every
+    /// micro-batch: it updates the parameters on the last of the window and only
+    /// accumulates on the others (step_result::accumulated). Scale each
+    /// micro-batch's loss as for one big batch (divide by the window's sample count).
+    int accumulate_steps = 1;
+    /// How the micro-batches' gradients are summed where gradients are sharded.
+    accumulation accumulate = accumulation::in_shard;
 };
 
 } // namespace unison

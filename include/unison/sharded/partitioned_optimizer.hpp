@@ -50,6 +50,9 @@ namespace unison {
 
 /// What one step did.
 struct step_result {
+    /// The call ended a micro-batch that only accumulates (fsdp_options::
+    /// accumulate_steps): no step was taken, the other fields are not set.
+    bool accumulated = false;
     bool skipped = false;          ///< a non-finite gradient was found; nothing changed
     double grad_norm = 0.0;        ///< global L2 norm of the unscaled gradients (inf if skipped)
     double clip_coefficient = 1.0; ///< factor applied to the gradients (<= 1)

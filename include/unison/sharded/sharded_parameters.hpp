@@ -22,6 +22,14 @@
 ///                release(u, pass::backward)
 ///     then:      partitioned_optimizer::step() (which calls wait_gradients()), zero_grad()
 ///
+/// Gradient accumulation: gradients sum until zero_grad(). Where the full gradients
+/// are resident (ZeRO-0/1) a micro-batch's backward writes into them and the unit is
+/// reduced once, on the last micro-batch. Where they are sharded (ZeRO-2/3, FSDP)
+/// either the full gradient is kept across micro-batches and reduced once (more
+/// memory), or each micro-batch's backward ends in reduce_gradients and
+/// wait_gradients, and each reduction is added to the gradient shard (less memory,
+/// a reduction per micro-batch); fsdp_options::accumulate chooses for the engine.
+///
 /// When the parameters are not sharded they stay resident, so gather and release do
 /// nothing and the loop is the same for DDP, ZeRO and FSDP. `gather` is
 /// non-blocking; `prefetch(u)` starts gathering another unit ahead of its use;
@@ -361,13 +369,26 @@ public:
     /// wait_gradients() completes it. Reductions that have finished are completed
     /// here (and in gather), freeing their full gradients when gradients are
     /// sharded; at most `reductions_in_flight` stay pending, so backward never holds
-    /// more than that many full gradients besides the one it is writing.
+    /// more than that many full gradients besides the one it is writing. Where
+    /// gradients are sharded, a unit reduced again before zero_grad() (the next
+    /// micro-batch) has the new average added to its shard; where they are not, that
+    /// is an error (accumulate into the full gradients and reduce once).
     void reduce_gradients(std::size_t unit_index) {
         require_started("reduce_gradients");
         unit& u = unit_at(unit_index, "reduce_gradients");
         if (u.reduced) {
             fail("reduce_gradients",
                  "unit " + std::to_string(unit_index) + " reduced twice in one step");
+        }
+        if constexpr (!strategy::grads_sharded) {
+            if (u.holds_sum) {
+                fail("reduce_gradients",
+                     "unit " + std::to_string(unit_index) +
+                         " reduced again before zero_grad(): its full gradients already hold "
+                         "the average over ranks. With full gradients resident (" +
+                         std::string(strategy::layout_name) +
+                         ") accumulate micro-batches into them and reduce once, on the last");
+            }
         }
         u.reduced = true;
         if (!u.mem.full_grad) {
@@ -447,6 +468,7 @@ public:
             }
             u.grad_touched = false;
             u.reduced = false;
+            u.holds_sum = false;
         }
     }
 
@@ -638,14 +660,15 @@ private:
         std::optional<request_type> gather, reduce;
         unit_state state = unit_state::sharded;
         bool grad_touched = false;
-        bool reduced = false; // reduce_gradients was called in this step
+        bool reduced = false;   // reduce_gradients was called in this step
+        bool holds_sum = false; // the partition holds a completed reduction since zero_grad
     };
 
     static int tag_of(std::size_t unit_index) noexcept {
         return static_cast<int>(unit_index % 0x7ffffffe) + 1;
     }
     detail::unit_context context(unit& u, std::size_t unit_index) {
-        return {u.mem, config::dtypes, place_, shard_rank(), tag_of(unit_index)};
+        return {u.mem, config::dtypes, place_, shard_rank(), tag_of(unit_index), u.holds_sum};
     }
     step_communicator_type* replica_comm() noexcept {
         if constexpr (strategy::hybrid) {
@@ -688,6 +711,7 @@ private:
         if (write) {
             strategy::complete(replica_comm(), context(u, k),
                                1.0 / static_cast<double>(comm_->size()));
+            u.holds_sum = true;
         }
     }
 

@@ -47,6 +47,14 @@
 /// as zero when backward ends (autograd's final callback); units whose forward did
 /// not reach the loss, in step().
 ///
+/// Gradient accumulation (several micro-batches, each with its forward and
+/// backward, one optimizer step): either set `accumulate_steps` (and `accumulate`)
+/// in the options and call step() after every micro-batch's backward (it updates on
+/// the window's last; step_result::accumulated on the others), or run every
+/// micro-batch but the last inside `no_sync()` and step() after the last, as with
+/// PyTorch's FSDP. See unison::fsdp for what each mode holds and sends. Scale each
+/// micro-batch's loss by its share of the window's batch.
+///
 /// One engine per module: a parameter that another `torch::fsdp` or `torch::ddp`
 /// drives is an argument_error naming it, before anything moves.
 ///
@@ -343,8 +351,17 @@ public:
     }
 
     /// Ends the iteration: unison::fsdp::step (reductions completed, clipping, the
-    /// optimizer on this rank's shard, the gradients zeroed). Collective.
+    /// optimizer on this rank's shard, the gradients zeroed). Collective. With
+    /// accumulate_steps, call it after every micro-batch: only the window's last
+    /// updates.
     step_result step() { return engine_.step(); }
+
+    /// Backward passes inside the returned scope add to each parameter's full
+    /// gradient on this rank and reduce nothing (PyTorch FSDP's no_sync): run every
+    /// micro-batch of a window but the last inside it, then the last outside it,
+    /// then step(). The full gradients of the units that ran backward stay resident
+    /// until the last micro-batch reduces them.
+    [[nodiscard]] typename engine_type::no_sync_scope no_sync() { return engine_.no_sync(); }
 
     /// Collective: every parameter's full values (and the buffers), keyed as the
     /// module's named_parameters() / named_buffers(), in host memory of its own.

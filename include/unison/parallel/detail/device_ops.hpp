@@ -49,10 +49,11 @@ public:
 
     /// Enqueued on the compute stream: `bytes` zero bytes at `dst`.
     virtual void zero(void* dst, std::size_t bytes) = 0;
-    /// Enqueued on the compute stream: dst = D(A(src) * scale) over `n` elements
-    /// (kernels::scale_cast); no-op when it would copy a buffer onto itself.
+    /// Enqueued on the compute stream: dst = D(A(src) * scale) over `n` elements, or
+    /// with `accumulate` dst = D(A(dst) + A(src) * scale) (kernels::scale_cast);
+    /// no-op when it would copy a buffer onto itself.
     virtual void scale_cast(void* dst, dtype dst_type, const void* src, dtype src_type,
-                            std::size_t n, double scale) = 0;
+                            std::size_t n, double scale, bool accumulate) = 0;
     /// Uploads the tables of a multi-tensor copy or read; returns once they are there.
     virtual std::unique_ptr<device_plan> plan(std::span<const kernels::copy_piece> pieces) = 0;
     virtual std::unique_ptr<device_plan> plan(std::span<const kernels::read_piece> pieces) = 0;

@@ -31,14 +31,15 @@ struct placement {
     bool on_device() const noexcept { return ops != nullptr; }
     device where() const noexcept { return ops ? ops->location() : device::host(); }
 
-    /// dst = D(A(src) * scale) over `n` elements (on the device: enqueued on the
-    /// compute stream).
+    /// dst = D(A(src) * scale) over `n` elements, or with `accumulate`
+    /// dst = D(A(dst) + A(src) * scale) (on the device: enqueued on the compute
+    /// stream).
     void scale_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t n,
-                    double scale = 1.0) const {
+                    double scale = 1.0, bool accumulate = false) const {
         if (ops) {
-            ops->scale_cast(dst, dst_type, src, src_type, n, scale);
+            ops->scale_cast(dst, dst_type, src, src_type, n, scale, accumulate);
         } else {
-            convert_scale(dst, dst_type, src, src_type, n, scale);
+            convert_scale(dst, dst_type, src, src_type, n, scale, accumulate);
         }
     }
     /// Zeroes `n` elements of `type` at `dst`.

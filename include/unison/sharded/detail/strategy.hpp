@@ -46,6 +46,10 @@ struct unit_context {
     const placement& place;
     int shard_rank = 0;
     int tag = 0; ///< the unit's collective tag
+    /// The gradient partition holds earlier micro-batches' reduced gradients: the
+    /// new reduction is added to them (only where gradients are sharded; see
+    /// sharded_parameters::reduce_gradients).
+    bool accumulate = false;
 };
 
 /// Submits `call` with `tag` (the unit, plus one): call matching compares it across
@@ -166,10 +170,12 @@ struct reduce_into_shard {
     static constexpr bool grads_sharded = true;
     static constexpr bool state_sharded = true;
 
+    /// Into the shard itself, or, when it must be converted or added to what the
+    /// shard holds (micro-batch accumulation), into a reduce-dtype staging shard.
     template <class C>
     static typename C::request_type reduce(C& shard_comm, const unit_context& c, void* whole) {
         void* out = c.u.shard_grad.data();
-        if (c.types.reduce != c.types.param) {
+        if (c.types.reduce != c.types.param || c.accumulate) {
             c.u.wire_shard = flat_buffer(c.u.shard * size_of(c.types.reduce), c.place);
             out = c.u.wire_shard.data();
         }
@@ -182,16 +188,16 @@ struct reduce_into_shard {
             c.tag);
     }
     /// `replica` (hybrid only): the communicator across the shard groups, over which
-    /// the shard's sum is all-reduced first.
+    /// the shard's sum is all-reduced first. With `c.accumulate` the scaled sum is
+    /// added to the shard.
     template <class C>
     static void complete(C* replica, const unit_context& c, double scale) {
-        std::byte* got =
-            c.types.reduce != c.types.param ? c.u.wire_shard.data() : c.u.shard_grad.data();
+        std::byte* got = c.u.wire_shard ? c.u.wire_shard.data() : c.u.shard_grad.data();
         if (replica != nullptr) {
             all_reduce(*replica, buffer{got, c.u.shard, c.types.reduce, c.place.where()});
         }
         c.place.scale_cast(c.u.shard_grad.data(), c.types.param, got, c.types.reduce, c.u.shard,
-                           scale);
+                           scale, c.accumulate);
     }
 };
 
