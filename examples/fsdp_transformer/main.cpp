@@ -5,6 +5,7 @@
 //
 //   mpirun -n 2 ./fsdp_transformer                        about 10 M parameters
 //   mpirun -n 2 ./fsdp_transformer --steps 30 --layers 1 --d-model 64 --heads 4
+//   mpirun -n 2 ./fsdp_transformer --micro-batches 4 --recompute   less memory per step
 //
 // The model: token and learned position embeddings, pre-LayerNorm blocks (causal
 // multi-head self-attention, GELU MLP), a final LayerNorm and an output head. It
@@ -18,11 +19,21 @@
 // the block, and reduce-scatters the block's gradients as soon as autograd has
 // produced them; step() completes the reductions, clips to the global gradient norm
 // and updates each rank's shard with AdamW.
+//
+// Two ways to fit a larger batch in less memory, each one option away:
+// --micro-batches N splits each rank's share of the batch into N micro-batches, each
+// with its forward and backward, and steps once (the engine's accumulate_steps: each
+// micro-batch's gradients reduce-scattered into the shards); --recompute keeps no
+// activations inside the blocks and recomputes each block's forward when backward
+// reaches it (unison::torch::recompute). The peak resident memory of the process is
+// printed at the end.
 
 #include <unison/mpi.hpp>
 #include <unison/torch.hpp>
 
 #include <torch/torch.h>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <charconv>
@@ -52,8 +63,10 @@ struct settings {
     double lr = 1e-3;          // peak learning rate
     int warmup = -1;           // steps of linear warmup; default: steps / 10, at most 30
     int log_every = 10;
-    int threads = 1;  // LibTorch intra-op threads per rank
-    int sample = 200; // characters generated at the end
+    int threads = 1;        // LibTorch intra-op threads per rank
+    int sample = 200;       // characters generated at the end
+    int micro_batches = 1;  // forward + backward passes per optimizer step
+    bool recompute = false; // recompute each block's activations in backward
 };
 
 using engine_type = unison::torch::fsdp<unison::mpi_communicator, unison::policy::shard::full>;
@@ -277,11 +290,16 @@ struct TransformerImpl : torch::nn::Module {
         torch::Tensor x = tokens(ids) + positions.narrow(0, 0, ids.size(1));
         for (Block& block : blocks) {
             // The one unison line in the model: run the block as its FSDP unit (a plain
-            // call when no engine runs it).
-            x = unison::torch::unit_forward(*block, [&] { return block->forward(x); });
+            // call when no engine runs it), its activations recomputed in backward
+            // when asked.
+            auto run = [&block](const torch::Tensor& in) {
+                return unison::torch::unit_forward(*block, [&] { return block->forward(in); });
+            };
+            x = recompute ? unison::torch::recompute(run, x) : run(x);
         }
         return head(norm(x));
     }
+    bool recompute = false;
     torch::nn::Embedding tokens{nullptr};
     torch::Tensor positions;
     std::vector<Block> blocks;
@@ -342,6 +360,14 @@ int train(unison::mpi_communicator& comm, const settings& s) {
         }
         return 2;
     }
+    if (s.batch / ranks < s.micro_batches) {
+        if (rank == 0) {
+            std::fprintf(stderr,
+                         "fsdp_transformer: %lld sequences per rank cannot make %d micro-batches\n",
+                         static_cast<long long>(s.batch / ranks), s.micro_batches);
+        }
+        return 2;
+    }
     torch::set_num_threads(s.threads);
     const corpus text(grammar(2024).text(400000)); // the same on every rank
     const model_shape m{text.vocab(), s.d_model, s.heads, s.context, s.layers};
@@ -352,7 +378,10 @@ int train(unison::mpi_communicator& comm, const settings& s) {
     // Collective: checks that every rank built the same model, starts every rank from
     // rank 0's values and shards them; AdamW with decay 1e-2, clipping to norm 1.
     engine_type engine(comm, model, unison::torch::modules(model->blocks),
-                       {.optimizer = {.lr = s.lr, .beta2 = 0.99}, .max_grad_norm = 1.0});
+                       {.optimizer = {.lr = s.lr, .beta2 = 0.99},
+                        .max_grad_norm = 1.0,
+                        .accumulate_steps = s.micro_batches});
+    model->recompute = s.recompute;
     // ---------------------------------------------------------------------------------
 
     const std::int64_t local = s.batch / ranks;
@@ -397,13 +426,25 @@ int train(unison::mpi_communicator& comm, const settings& s) {
         }
         engine.engine().hyperparameters().lr = learning_rate(s, warmup, step);
 
-        const torch::Tensor input = window.narrow(1, 0, s.context);
-        const torch::Tensor loss = loss_of(engine.forward([&] { return model->forward(input); }),
-                                           window.narrow(1, 1, s.context));
-        loss.backward();                             // each block's reduce-scatter starts
-        const unison::step_result r = engine.step(); // clip to norm 1, AdamW, zero gradients
+        // Micro-batch k: rows [k local / N, (k + 1) local / N) of this rank's share, its
+        // loss weighted by its share of the rows; the engine steps after the last.
+        double rank_loss = 0.0;
+        unison::step_result r;
+        for (int k = 0; k < s.micro_batches; ++k) {
+            const std::int64_t first = local * k / s.micro_batches;
+            const std::int64_t rows = local * (k + 1) / s.micro_batches - first;
+            const torch::Tensor part = window.narrow(0, first, rows);
+            const torch::Tensor input = part.narrow(1, 0, s.context);
+            const torch::Tensor loss =
+                loss_of(engine.forward([&] { return model->forward(input); }),
+                        part.narrow(1, 1, s.context)) *
+                (static_cast<double>(rows) / static_cast<double>(local));
+            loss.backward();   // each block's reduce-scatter starts
+            r = engine.step(); // on the last micro-batch: clip to norm 1, AdamW, zero
+            rank_loss += loss.item<double>();
+        }
 
-        std::vector<double> global_loss{loss.item<double>()};
+        std::vector<double> global_loss{rank_loss};
         unison::all_reduce(comm, global_loss, unison::reduce_op::avg);
         losses.push_back(global_loss[0]);
         const double seconds =
@@ -443,6 +484,12 @@ int train(unison::mpi_communicator& comm, const settings& s) {
             std::printf("time: %.2f s/step after the first (%.2f s)\n",
                         seconds_total / (s.steps - 1), first_step_seconds);
         }
+        rusage usage{};
+        getrusage(RUSAGE_SELF, &usage);
+        std::printf("peak resident memory of rank 0: %.1f MiB (%d micro-batch%s per step, "
+                    "activations %s)\n",
+                    static_cast<double>(usage.ru_maxrss) / 1024.0, s.micro_batches,
+                    s.micro_batches == 1 ? "" : "es", s.recompute ? "recomputed" : "kept");
         std::printf("sample:\n%s\n", sample.c_str());
         if (!fell) {
             std::printf("FAILED: the loss did not fall\n");
@@ -458,7 +505,7 @@ int usage() {
     std::fprintf(stderr,
                  "usage: fsdp_transformer [--steps N] [--layers N] [--d-model N] [--heads N] "
                  "[--context N] [--batch N] [--lr X] [--warmup N] [--log-every N] [--threads N] "
-                 "[--sample N]\n");
+                 "[--sample N] [--micro-batches N] [--recompute]\n");
     return 2;
 }
 
@@ -479,6 +526,10 @@ bool parse_settings(int argc, char** argv, settings& s) {
     constexpr std::int64_t large = std::int64_t{1} << 20;
     for (int i = 1; i < argc; ++i) {
         const std::string_view flag = argv[i];
+        if (flag == "--recompute") {
+            s.recompute = true;
+            continue;
+        }
         if (i + 1 >= argc) {
             return false;
         }
@@ -504,6 +555,8 @@ bool parse_settings(int argc, char** argv, settings& s) {
             ok = parse(value, s.threads, 1, 1024);
         } else if (flag == "--sample") {
             ok = parse(value, s.sample, 0, 100000);
+        } else if (flag == "--micro-batches") {
+            ok = parse(value, s.micro_batches, 1, 1 << 16);
         } else if (flag == "--lr") {
             char* end = nullptr;
             const std::string copy(value);

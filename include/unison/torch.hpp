@@ -3,8 +3,10 @@
 /// \file
 /// unison's LibTorch layer (link `unison::torch`): `torch::Tensor` as a unison
 /// tensor (core/torch.hpp) and data parallelism for a `torch::nn::Module`
-/// (torch/ddp.hpp), fully sharded data parallelism and ZeRO for one (torch/fsdp.hpp).
+/// (torch/ddp.hpp), fully sharded data parallelism and ZeRO for one (torch/fsdp.hpp),
+/// and activation recomputation of a block (torch/recompute.hpp).
 
 #include "unison/core/torch.hpp"
 #include "unison/torch/ddp.hpp"
 #include "unison/torch/fsdp.hpp"
+#include "unison/torch/recompute.hpp"

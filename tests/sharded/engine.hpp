@@ -7,10 +7,15 @@
 //   - a unit that takes no part in a step's backward is reduced as zero on every
 //     rank (its parameters move only by what the optimizer does with a zero
 //     gradient);
-//   - copy_full hands back the full values at every strategy.
+//   - copy_full hands back the full values at every strategy;
+//   - a unit's forward recomputed inside its backward sees the values forward saw,
+//     is not a forward use (the unit is still reduced when its backward ends) and
+//     leaves the unit gathered for that backward; training with recomputation equals
+//     training that keeps what forward read, bit for bit.
 
 #include "accounting.hpp"
 
+#include <unison/comm/counting_communicator.hpp>
 #include <unison/sharded.hpp>
 
 #include <doctest/doctest.h>
@@ -98,6 +103,96 @@ void engine_semantics_case(C& comm, const std::string& name) {
     UNISON_CHECK_CASE(comm, name, o);
 }
 
+/// Two engines train the same three units for three steps; the "activations" a
+/// unit's backward needs are the values its forward read. One engine keeps them from
+/// forward; the other drops them and recomputes the unit's forward inside its
+/// backward. Their parameters must be equal bit for bit; the recomputing one must
+/// start each unit's gradient reduction when the unit's backward ends.
+template <class Strategy, communicator C>
+void recompute_case(C& comm, const std::string& name) {
+    using counted_type = counting_communicator<C>;
+    using engine_type = fsdp<counted_type, Strategy, optim::adamw>;
+    const std::vector<std::size_t> sizes = {13, 40, 7};
+    std::vector<std::vector<float>> init(sizes.size());
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+        init[k].resize(sizes[k]);
+        for (std::size_t i = 0; i < sizes[k]; ++i) {
+            init[k][i] = static_cast<float>(synthetic(6, 0, k * 100 + i));
+        }
+    }
+    counted_type kept_comm(comm), recomputing_comm(comm);
+    const int group = engine_type::strategy::hybrid ? hybrid_group(comm.size()) : 0;
+    engine_type kept(kept_comm, {.prefetch = 1, .shard_group_size = group});
+    engine_type recomputing(recomputing_comm, {.prefetch = 1, .shard_group_size = group});
+    std::vector<unit_handle> ku, ru;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+        ku.push_back(kept.add_unit({{"p" + std::to_string(k), init[k]}}));
+        ru.push_back(recomputing.add_unit({{"p" + std::to_string(k), init[k]}}));
+    }
+    kept.start();
+    recomputing.start();
+    const auto r = static_cast<float>(comm.rank() + 1);
+    auto read = [](engine_type& e, const unit_handle& u) {
+        const view<float> v = e.value(u[0]);
+        return std::vector<float>(v.data, v.data + v.size);
+    };
+    auto accumulate = [&](engine_type& e, const unit_handle& u, const std::vector<float>& seen) {
+        const view<float> g = e.gradient(u[0]);
+        for (std::size_t i = 0; i < g.size; ++i) {
+            g.data[i] += seen[i] * seen[i] * r + static_cast<float>(u.index());
+        }
+    };
+    outcome o;
+    for (int step = 0; step < 3; ++step) {
+        std::vector<std::vector<float>> activations;
+        for (const unit_handle& u : ku) {
+            auto s = kept.forward(u);
+            activations.push_back(read(kept, u));
+        }
+        for (std::size_t k = sizes.size(); k-- > 0;) {
+            auto s = kept.backward(ku[k]);
+            accumulate(kept, ku[k], activations[k]);
+        }
+        kept.step();
+
+        for (const unit_handle& u : ru) {
+            auto s = recomputing.forward(u); // what it reads is dropped
+            (void)read(recomputing, u);
+        }
+        const std::uint64_t reductions_before =
+            recomputing_comm.of(operation::reduce_scatter).calls +
+            recomputing_comm.of(operation::all_reduce).calls;
+        for (std::size_t k = sizes.size(); k-- > 0;) {
+            std::vector<float> seen;
+            {
+                auto s = recomputing.recompute(ru[k]);
+                seen = read(recomputing, ru[k]);
+            }
+            o.expect(recomputing.parameters().gathered(k),
+                     "unit " + std::to_string(k) + " was released after its recomputation");
+            auto s = recomputing.backward(ru[k]);
+            accumulate(recomputing, ru[k], seen);
+        }
+        const std::uint64_t reductions = recomputing_comm.of(operation::reduce_scatter).calls +
+                                         recomputing_comm.of(operation::all_reduce).calls -
+                                         reductions_before;
+        o.expect(reductions >= sizes.size(),
+                 "step " + std::to_string(step) + ": " + std::to_string(reductions) +
+                     " unit reductions started in backward; a recomputation counted as a use?");
+        recomputing.step();
+    }
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+        std::vector<float> a(sizes[k]), b(sizes[k]);
+        kept.copy_full(ku[k][0], a);
+        recomputing.copy_full(ru[k][0], b);
+        o.expect(a == b, "unit " + std::to_string(k) +
+                             ": recomputation trained other values than kept activations");
+        o.expect(a != init[k], "unit " + std::to_string(k) + " did not train");
+    }
+    o.expect(recomputing.memory().gathered_now == 0, "a recomputed unit was left gathered");
+    UNISON_CHECK_CASE(comm, name, o);
+}
+
 template <communicator C>
 void engine_semantics_cases(C& comm) {
     using namespace unison::policy;
@@ -106,6 +201,10 @@ void engine_semantics_cases(C& comm) {
     engine_semantics_case<zero<2>>(comm, "engine semantics, zero<2>");
     engine_semantics_case<shard::full>(comm, "engine semantics, shard::full");
     engine_semantics_case<shard::grad_op>(comm, "engine semantics, shard::grad_op");
+    recompute_case<zero<2>>(comm, "recomputation, zero<2>");
+    recompute_case<shard::full>(comm, "recomputation, shard::full");
+    recompute_case<shard::grad_op>(comm, "recomputation, shard::grad_op");
+    recompute_case<shard::hybrid>(comm, "recomputation, shard::hybrid");
 }
 
 } // namespace unison::test

@@ -199,7 +199,9 @@ void torch_fsdp_case(C& comm, tm::stacking how, c10::ScalarType dtype, double to
         tm::make_data(tm::stack_input_width<Block>(), dtype, torch_global_batch * torch_steps, 11);
 
     auto model = tm::make_stack<Block>(how, dtype, 100 + static_cast<std::uint64_t>(rank));
-    auto reference = tm::make_stack<Block>(how, dtype, 100);
+    // Recomputation is checked against the same model without it.
+    auto reference = tm::make_stack<Block>(
+        how == tm::stacking::recompute ? tm::stacking::plain : how, dtype, 100);
     engine_type engine(comm, model, model->units(), torch_fsdp_options<engine_type>(n));
     tm::zero_gradients(*reference);
     auto ref_opt = adamw(reference->parameters());
@@ -208,6 +210,10 @@ void torch_fsdp_case(C& comm, tm::stacking how, c10::ScalarType dtype, double to
     o.expect(engine.unit_count() == model->blocks.size() + 1,
              "a unit per block and the root: " + std::to_string(engine.unit_count()));
     torch_fsdp_train(comm, engine, *model, *reference, ref_opt, data, 0, torch_steps, tol, o);
+    const std::uint64_t recomputed = how == tm::stacking::recompute ? model->blocks.size() : 0;
+    o.expect(engine.engine().recomputations() == recomputed * torch_steps,
+             "the engine recomputed " + std::to_string(engine.engine().recomputations()) +
+                 " unit forwards; expected " + std::to_string(recomputed * torch_steps));
 
     // The full model, saved by rank 0 in LibTorch's format, loads into a plain
     // module (no engine) and computes the reference's loss.
@@ -414,6 +420,16 @@ void torch_fsdp_unit_cases(C& comm) {
     // the reference's zero gradient is.
     torch_fsdp_case<ffn, shard::full, f64>(comm, stacking::spare, at::kDouble, 1e-12,
                                            "ffn, an unused layer, full");
+    // Every block's activations recomputed in backward (each unit regathered for
+    // its re-run where it was released), against the model without recomputation.
+    torch_fsdp_case<ffn, shard::full, f64>(comm, stacking::recompute, at::kDouble, 1e-12,
+                                           "ffn, recomputed, full");
+    torch_fsdp_case<ffn, zero<2>, f64>(comm, stacking::recompute, at::kDouble, 1e-12,
+                                       "ffn, recomputed, zero<2>");
+    torch_fsdp_case<tm::attention, shard::grad_op, f64>(
+        comm, stacking::recompute, at::kDouble, 1e-12, "transformer blocks, recomputed, grad_op");
+    torch_fsdp_case<tm::attention, shard::hybrid>(comm, stacking::recompute, at::kFloat, 1e-6,
+                                                  "transformer blocks, recomputed, hybrid");
     torch_fsdp_resume_case<shard::full, f64>(comm, 1e-12, "checkpoint and resume, full");
     torch_fsdp_resume_case<zero<1>, f64>(comm, 1e-12, "checkpoint and resume, zero<1>");
     torch_fsdp_mixed_precision_case(comm);

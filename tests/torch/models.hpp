@@ -7,6 +7,7 @@
 // build them at once without sharing LibTorch's global one.
 
 #include <unison/torch/fsdp.hpp>
+#include <unison/torch/recompute.hpp>
 
 #include <torch/torch.h>
 
@@ -122,6 +123,7 @@ enum class stacking {
     plain,       ///< each block once
     reuse_first, ///< block 0 twice (a unit used twice in one forward)
     spare,       ///< block 1 has a layer forward never uses
+    recompute,   ///< every block's activations recomputed in backward
 };
 
 /// A model for FSDP: an input layer and a head (the root unit) around `depth`
@@ -146,7 +148,15 @@ struct stack : net {
             const int runs = how_ == stacking::reuse_first && i == 0 ? 2 : 1;
             for (int r = 0; r < runs; ++r) {
                 Block& b = *blocks[i];
-                h = unison::torch::unit_forward(b, [&] { return b.forward(h); });
+                if (how_ == stacking::recompute) {
+                    h = unison::torch::recompute(
+                        [&b](const at::Tensor& in) {
+                            return unison::torch::unit_forward(b, [&] { return b.forward(in); });
+                        },
+                        h);
+                } else {
+                    h = unison::torch::unit_forward(b, [&] { return b.forward(h); });
+                }
             }
         }
         return head(tokens ? h.mean(1) : h);

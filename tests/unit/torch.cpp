@@ -8,6 +8,7 @@
 #include "unison/core/torch.hpp"
 #include "unison/ddp.hpp"
 #include "unison/thread.hpp"
+#include "unison/torch/recompute.hpp"
 
 #include <doctest/doctest.h>
 
@@ -317,4 +318,55 @@ TEST_CASE("torch: bucketed_reducer over 3 thread ranks, marked ready from autogr
             }
         }
     }
+}
+
+TEST_CASE("torch: recompute() gives the gradients of the block it recomputes, dropout included") {
+    // A block with dropout, run plainly and under recompute() from one seed: the
+    // re-run in backward must replay the same dropout mask, so every gradient (the
+    // block's parameters and its input) is equal bit for bit, and the output's value
+    // too. The random stream after backward continues where forward left it.
+    auto make = [] {
+        torch::manual_seed(3);
+        return torch::nn::Linear(8, 8);
+    };
+    auto run = [](torch::nn::Linear& lin, bool recomputed) {
+        torch::manual_seed(11);
+        const at::Tensor x = torch::randn({5, 8}, torch::kDouble).requires_grad_(true);
+        lin->to(torch::kDouble);
+        auto block = [&](const at::Tensor& in) {
+            return torch::dropout(torch::tanh(lin->forward(in)), 0.5, /*train=*/true) + in;
+        };
+        const at::Tensor y = recomputed ? unison::torch::recompute(block, x) : block(x);
+        const at::Tensor after_forward = torch::rand({3}, torch::kDouble);
+        y.pow(2).sum().backward();
+        return std::vector<at::Tensor>{y.detach(),         x.grad(),
+                                       lin->weight.grad(), lin->bias.grad(),
+                                       after_forward,      torch::rand({3}, torch::kDouble)};
+    };
+    auto a = make();
+    auto b = make();
+    const auto plain = run(a, false);
+    const auto recomputed = run(b, true);
+    const char* what[] = {"output",
+                          "input gradient",
+                          "weight gradient",
+                          "bias gradient",
+                          "random draws after forward",
+                          "random draws after backward"};
+    for (std::size_t i = 0; i < plain.size(); ++i) {
+        CAPTURE(what[i]);
+        REQUIRE(recomputed[i].defined());
+        CHECK(torch::equal(plain[i], recomputed[i]));
+    }
+    CHECK(plain[2].abs().sum().item<double>() > 0.0); // the block did get gradients
+
+    // A second backward through the same recompute() is refused by name.
+    auto c = make();
+    c->to(torch::kDouble);
+    const at::Tensor x = torch::randn({2, 8}, torch::kDouble).requires_grad_(true);
+    const at::Tensor y = unison::torch::recompute(
+        [&](const at::Tensor& in) { return torch::tanh(c->forward(in)); }, x);
+    const at::Tensor loss = y.sum();
+    loss.backward({}, /*retain_graph=*/true);
+    CHECK_THROWS_WITH(loss.backward(), doctest::Contains("a second time"));
 }

@@ -181,12 +181,18 @@ public:
     /// One parameter of a unit, as add_unit takes it.
     using parameter = unit_parameter<value_type>;
 
-    /// A unit's forward or backward, from construction to destruction (see forward()
-    /// and backward()). Move-only.
+private:
+    /// Where a unit is: outside any scope, or inside its forward, its backward, or a
+    /// recomputation of its forward inside backward.
+    enum class phase : std::uint8_t { none, forward, backward, recompute };
+
+public:
+    /// A unit's forward, backward or recomputation, from construction to destruction
+    /// (see forward(), backward() and recompute()). Move-only.
     class unit_scope {
     public:
         unit_scope(unit_scope&& o) noexcept
-            : engine_(std::exchange(o.engine_, nullptr)), unit_(o.unit_), backward_(o.backward_),
+            : engine_(std::exchange(o.engine_, nullptr)), unit_(o.unit_), kind_(o.kind_),
               exceptions_(o.exceptions_) {}
         unit_scope& operator=(unit_scope&&) = delete;
         unit_scope(const unit_scope&) = delete;
@@ -199,8 +205,10 @@ public:
             }
             if (std::uncaught_exceptions() > exceptions_) {
                 engine_->abandon(unit_);
-            } else if (backward_) {
+            } else if (kind_ == phase::backward) {
                 engine_->after_backward(unit_);
+            } else if (kind_ == phase::recompute) {
+                engine_->after_recompute(unit_);
             } else {
                 engine_->after_forward(unit_);
             }
@@ -208,11 +216,11 @@ public:
 
     private:
         friend class fsdp;
-        unit_scope(fsdp* e, unit_handle u, bool backward)
-            : engine_(e), unit_(u), backward_(backward), exceptions_(std::uncaught_exceptions()) {}
+        unit_scope(fsdp* e, unit_handle u, phase kind)
+            : engine_(e), unit_(u), kind_(kind), exceptions_(std::uncaught_exceptions()) {}
         fsdp* engine_;
         unit_handle unit_;
-        bool backward_;
+        phase kind_;
         int exceptions_;
     };
 
@@ -357,15 +365,39 @@ public:
     /// and binds them. The scope's end leaves it (after_forward).
     [[nodiscard]] unit_scope forward(const unit_handle& u) {
         before_forward(u);
-        return unit_scope(this, u, false);
+        return unit_scope(this, u, phase::forward);
     }
     /// Enters unit `u`'s backward: gathers its parameters, binds them and the
     /// gradients to accumulate into. The scope's end leaves it (after_backward:
     /// starts the gradients' reduction).
     [[nodiscard]] unit_scope backward(const unit_handle& u) {
         before_backward(u);
-        return unit_scope(this, u, true);
+        return unit_scope(this, u, phase::backward);
     }
+
+    /// Re-enters unit `u`'s forward inside its backward, for activation recomputation
+    /// (a block whose activations were dropped in forward runs its forward again
+    /// when backward reaches it): gathers its parameters where they were released
+    /// (nothing is prefetched) and binds their values. It is not a forward use (the
+    /// reduction still starts after one backward per use), and the scope's end keeps
+    /// the unit gathered for the backward that follows it (which releases it; step()
+    /// releases a unit left gathered). Every rank recomputes the same units in the
+    /// same order.
+    [[nodiscard]] unit_scope recompute(const unit_handle& u) {
+        before_recompute(u);
+        return unit_scope(this, u, phase::recompute);
+    }
+    /// The hook form of recompute(u)'s entry.
+    void before_recompute(const unit_handle& u) {
+        const std::size_t k = enter(u, "before_recompute", phase::recompute);
+        entering guard{units_[k]};
+        params_.gather(k, pass::backward);
+        bind(k, false);
+        ++recomputations_;
+        guard.done = true;
+    }
+    /// The hook form of recompute(u)'s exit: the unit stays gathered.
+    void after_recompute(const unit_handle& u) { leave(u, "after_recompute", phase::recompute); }
 
     /// The hook form of forward(u)'s entry.
     void before_forward(const unit_handle& u) {
@@ -435,6 +467,8 @@ public:
     /// Whether the next step() takes the optimizer step (the last micro-batch of the
     /// accumulate_steps window, or every call without accumulation).
     bool last_micro_batch() const noexcept { return micro_ + 1 >= options_.accumulate_steps; }
+    /// Unit forwards recomputed inside backward so far (recompute()).
+    std::uint64_t recomputations() const noexcept { return recomputations_; }
     /// Micro-batches ended by step() in the current accumulate_steps window.
     int micro_batch() const noexcept { return micro_; }
     /// Whether gradients of an unfinished accumulation window are held (after a
@@ -534,7 +568,7 @@ public:
         for (std::size_t k = 0; k < units_.size(); ++k) {
             if (units_[k].active != phase::none) {
                 fail("step", "unit " + std::to_string(k) + " is still inside its " +
-                                 (units_[k].active == phase::forward ? "forward" : "backward") +
+                                 phase_name(units_[k].active) +
                                  " (after_forward/after_backward, or the scope's end, missing)");
             }
         }
@@ -615,8 +649,6 @@ public:
     }
 
 private:
-    enum class phase : std::uint8_t { none, forward, backward };
-
     struct unit_state {
         phase active = phase::none;
         int uses = 0;      ///< forward entries in this step
@@ -668,13 +700,27 @@ private:
         }
     }
 
+    static const char* phase_name(phase p) noexcept {
+        switch (p) {
+        case phase::forward:
+            return "forward";
+        case phase::backward:
+            return "backward";
+        case phase::recompute:
+            return "recomputed forward";
+        case phase::none:
+            break;
+        }
+        return "no scope";
+    }
+
     std::size_t enter(const unit_handle& u, const char* what, phase p) {
         require_started(what);
         const std::size_t k = check(u, what);
         unit_state& s = units_[k];
         if (s.active != phase::none) {
             fail(what, "unit " + std::to_string(k) + " entered again before leaving its " +
-                           (s.active == phase::forward ? "forward" : "backward"));
+                           phase_name(s.active));
         }
         if (p == phase::backward && s.reduced) {
             fail(what, "unit " + std::to_string(k) +
@@ -690,7 +736,7 @@ private:
         if (!observed_ && p == phase::forward && !order_[1].empty()) {
             observed_ = true; // a forward after a backward: the first step's pass is over
         }
-        if (!observed_) {
+        if (!observed_ && p != phase::recompute) {
             order_[p == phase::forward ? 0 : 1].push_back(k);
         }
         return k;
@@ -700,8 +746,7 @@ private:
         const std::size_t k = check(u, what);
         unit_state& s = units_[k];
         if (s.active != p) {
-            fail(what, "unit " + std::to_string(k) + " is not inside its " +
-                           (p == phase::forward ? "forward" : "backward"));
+            fail(what, "unit " + std::to_string(k) + " is not inside its " + phase_name(p));
         }
         s.active = phase::none;
         return k;
@@ -855,6 +900,7 @@ private:
     std::vector<unsigned char> decay_;  // by parameter id, until start()
     std::vector<std::size_t> order_[2]; // forward, backward order of the first step
     std::size_t cursor_[2] = {0, 0};
+    std::uint64_t recomputations_ = 0;
     int micro_ = 0;         // micro-batches ended in this accumulate_steps window
     int no_sync_depth_ = 0; // live no_sync scopes
     bool observed_ = false;

@@ -55,6 +55,10 @@
 /// PyTorch's FSDP. See unison::fsdp for what each mode holds and sends. Scale each
 /// micro-batch's loss by its share of the window's batch.
 ///
+/// Activation recomputation: wrap a block's call in `unison::torch::recompute`
+/// (torch/recompute.hpp); its re-run in backward regathers the unit and is not
+/// counted as another use of it.
+///
 /// One engine per module: a parameter that another `torch::fsdp` or `torch::ddp`
 /// drives is an argument_error naming it, before anything moves.
 ///
@@ -86,6 +90,7 @@
 #include "unison/torch/detail/autograd.hpp"
 #include "unison/torch/detail/claims.hpp"
 #include "unison/torch/detail/device.hpp"
+#include "unison/torch/detail/recomputing.hpp"
 #include "unison/torch/detail/released.hpp"
 #include "unison/torch/detail/same_module.hpp"
 
@@ -123,12 +128,13 @@ namespace unison::torch {
 
 namespace detail {
 
-/// What runs a module's forward as a unit: an fsdp engine.
+/// What runs a module's forward as a unit: an fsdp engine. `recompute`: the forward
+/// is a recomputation inside backward (torch/recompute.hpp).
 class unit_runner {
 public:
-    virtual void enter_forward(std::size_t unit) = 0;
-    virtual void leave_forward(std::size_t unit) = 0;
-    virtual void abandon_forward(std::size_t unit) noexcept = 0;
+    virtual void enter_forward(std::size_t unit, bool recompute) = 0;
+    virtual void leave_forward(std::size_t unit, bool recompute) = 0;
+    virtual void abandon_forward(std::size_t unit, bool recompute) noexcept = 0;
     virtual void hook_output(std::size_t unit, const at::Tensor& output) = 0;
 
 protected:
@@ -281,19 +287,21 @@ auto unit_forward(::torch::nn::Module& module, F&& f)
     if (e.runner == nullptr) {
         return std::invoke(f);
     }
-    e.runner->enter_forward(e.unit);
+    const bool recompute = detail::recomputing > 0;
+    e.runner->enter_forward(e.unit, recompute);
     struct leave {
         const detail::unit_entry& e;
+        bool recompute;
         int exceptions = std::uncaught_exceptions();
         bool hooked = false;
         ~leave() noexcept(false) {
             if (std::uncaught_exceptions() > exceptions || !hooked) {
-                e.runner->abandon_forward(e.unit);
+                e.runner->abandon_forward(e.unit, recompute);
             } else {
-                e.runner->leave_forward(e.unit);
+                e.runner->leave_forward(e.unit, recompute);
             }
         }
-    } scope{e};
+    } scope{e, recompute};
     std::remove_cvref_t<result> out = std::invoke(f);
     detail::hook_outputs(e, out);
     scope.hooked = true;
@@ -702,11 +710,23 @@ private:
 
     // ------------------------------------------------------------ unit_runner
 
-    void enter_forward(std::size_t u) override { engine_.before_forward(units_[u].handle); }
-    void leave_forward(std::size_t u) override { engine_.after_forward(units_[u].handle); }
-    void abandon_forward(std::size_t u) noexcept override {
-        try {
+    void enter_forward(std::size_t u, bool recompute) override {
+        if (recompute) {
+            engine_.before_recompute(units_[u].handle);
+        } else {
+            engine_.before_forward(units_[u].handle);
+        }
+    }
+    void leave_forward(std::size_t u, bool recompute) override {
+        if (recompute) {
+            engine_.after_recompute(units_[u].handle);
+        } else {
             engine_.after_forward(units_[u].handle);
+        }
+    }
+    void abandon_forward(std::size_t u, bool recompute) noexcept override {
+        try {
+            leave_forward(u, recompute);
         } catch (...) { // already failing: the first error is the one to report
         }
     }
