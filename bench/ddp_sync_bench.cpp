@@ -398,7 +398,7 @@ public:
         for (std::size_t i = grads_.size(); i-- > 0;) {
             reducer_.mark_ready(i);
         }
-        reducer_.finish();
+        (void)reducer_.finish();
     }
 
     std::size_t calls() const { return reducer_.bucket_count(); }

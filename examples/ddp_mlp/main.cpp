@@ -91,8 +91,9 @@ int train(C& comm, const settings& s) {
         const auto loss = nn::softmax_cross_entropy<float>(logits, batch.labels,
                                                            1.0f / static_cast<float>(shard));
         model.backward(loss.dlogits); // hooks call dp.mark_ready as gradients finish
-        dp.finish();                  // averaged gradients are in place
-        optimizer.step();
+        if (dp.finish()) {            // averaged gradients are in place (false only on a
+            optimizer.step();         // micro-batch that accumulates: accumulate_steps)
+        }
 
         // Logging only: the global mean loss and accuracy (one small all-reduce).
         loss_and_right[0] = static_cast<double>(loss.loss) / static_cast<double>(ranks);

@@ -62,7 +62,7 @@ TEST_CASE("DDP on device with the NCCL backend averages like the double referenc
                     for (std::size_t g = sizes.size(); g-- > 0;) {
                         reducer.mark_ready(g);
                     }
-                    reducer.finish();
+                    (void)reducer.finish();
                     compute.synchronize();
                     for (std::size_t g = 0; g < sizes.size(); ++g) {
                         const std::vector<float> got = grads[g].to_host();

@@ -149,7 +149,7 @@ std::vector<std::vector<double>> run_ddp(int ranks, bool on_device, int steps,
                 }
                 reducer.mark_ready(g);
             }
-            reducer.finish();
+            (void)reducer.finish();
         }
         compute.synchronize();
         for (std::size_t g = 0; g < sizes.size(); ++g) {

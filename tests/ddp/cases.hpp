@@ -340,7 +340,7 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
         reducer.start();
         for (int step = 0; step < 3; ++step) {
             run(reducer, grads, step, true, true);
-            reducer.finish();
+            (void)reducer.finish();
             expect(grads, step, true, true, "unused_as_zero step " + std::to_string(step));
         }
     }
@@ -357,7 +357,7 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
         run(reducer, grads, 0, true, false);
         bool threw = false;
         try {
-            reducer.finish();
+            (void)reducer.finish();
         } catch (const argument_error& e) {
             threw = true;
             o.expect(std::string(e.what()).find("'layer2.weight'") != std::string::npos,
@@ -366,7 +366,7 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
         o.expect(threw == (rank == 0), "unused_is_error threw on the wrong ranks");
         expect(grads, 0, true, false, "unused_is_error (reductions completed before the error)");
         run(reducer, grads, 1, false, false); // the next full step works on every rank
-        reducer.finish();
+        (void)reducer.finish();
         expect(grads, 1, false, false, "unused_is_error, step after the error");
     }
     UNISON_CHECK_CASE(comm, "unused parameters", o);
@@ -399,7 +399,7 @@ void reducer_join_case(C& comm, std::uint64_t seed = 41) {
                 reducer.mark_ready(g);
             }
         }
-        reducer.finish();
+        (void)reducer.finish();
         const int active = std::min(n, std::max(0, n - (step - 1)));
         o.expect(j.active_ranks() == active,
                  "step " + std::to_string(step) + ": " + std::to_string(j.active_ranks()) +
@@ -440,7 +440,7 @@ void reducer_error_cases(C& comm) {
         r.mark_ready(0);
         CHECK_THROWS_WITH_AS(r.mark_ready(0), doctest::Contains("'a' marked ready twice"),
                              argument_error);
-        r.finish();
+        (void)r.finish();
         CHECK_THROWS_WITH_AS(r.rebind(0, b), doctest::Contains("'a' rebound to 20"),
                              argument_error);
     }

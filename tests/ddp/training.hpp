@@ -126,7 +126,9 @@ void ddp_equivalence_case(C& comm, optimizer_kind kind, double tol, const std::s
             const auto loss = nn::softmax_cross_entropy<T>(model.forward(batch.x), batch.labels,
                                                            T(1) / static_cast<T>(shard));
             model.backward(loss.dlogits);
-            dp.finish();
+            const bool synced = dp.finish();
+            o.expect(synced == (m + 1 == micro), "finish() of micro-batch " + std::to_string(m) +
+                                                     " returned " + (synced ? "true" : "false"));
         }
         binding.refresh_views();
         opt.step();
@@ -236,12 +238,12 @@ void loss_normalization_case(C& comm, double tol, const std::string& name, bool 
             const auto loss = nn::softmax_cross_entropy<T>(model.forward(batch.x), batch.labels,
                                                            static_cast<T>(norm.loss_scale));
             model.backward(loss.dlogits);
-            dp.finish();
+            (void)dp.finish(); // no_sync() or accumulate_steps decide; tested elsewhere
             // The classic bug: each micro-batch's mean, averaged over micro-steps and ranks.
             const auto naive_loss = nn::softmax_cross_entropy<T>(
                 naive.forward(batch.x), batch.labels, T(1) / static_cast<T>(2 * size));
             naive.backward(naive_loss.dlogits);
-            naive_dp.finish();
+            (void)naive_dp.finish();
             begin += size;
         }
         opt.step();

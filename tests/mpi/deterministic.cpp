@@ -223,7 +223,7 @@ std::vector<float> train(C& comm, unison::ddp_options options) {
         const auto loss = nn::softmax_cross_entropy<float>(model.forward(batch.x), batch.labels,
                                                            1.0f / static_cast<float>(shard));
         model.backward(loss.dlogits);
-        dp.finish();
+        (void)dp.finish();
         binding.refresh_views();
         opt.step();
     }

@@ -100,7 +100,7 @@ void accumulation_case(C& comm, accumulate_how how, double tol, const std::strin
                 quiet.emplace(engine.no_sync());
             }
             o.expect(engine.reduces_in_backward() ==
-                         (last || how == accumulate_how::in_shard && strategy::grads_sharded),
+                         (last || (how == accumulate_how::in_shard && strategy::grads_sharded)),
                      at + " micro-batch " + std::to_string(m) + ": reduces_in_backward() is " +
                          (engine.reduces_in_backward() ? "true" : "false"));
             const auto loss = nn::softmax_cross_entropy<T>(model.forward(mine.x), mine.labels,

@@ -219,7 +219,7 @@ void sharded_equivalence_run(C& comm, optimizer_kind kind, double tol, const std
         const auto ddp_loss = nn::softmax_cross_entropy<T>(ddp_model.forward(mine.x), mine.labels,
                                                            T(1) / static_cast<T>(shard));
         ddp_model.backward(ddp_loss.dlogits);
-        dp.finish();
+        (void)dp.finish();
         reference.zero_grad();
         const auto whole = nn::slice(data, base, base + global_batch);
         const auto ref_loss = nn::softmax_cross_entropy<T>(reference.forward(whole.x), whole.labels,

@@ -119,7 +119,7 @@ std::vector<std::vector<float>> synchronize(C& comm, bool expect_coalesced, ddp_
             }
             reducer.mark_ready(g);
         }
-        reducer.finish();
+        (void)reducer.finish();
         std::vector<float> all;
         for (const auto& g : grads) {
             all.insert(all.end(), g.begin(), g.end());
@@ -289,7 +289,7 @@ TEST_CASE_TEMPLATE_DEFINE("ddp: a gradient registered twice is packed, not reduc
         for (std::size_t k = 0; k < 3; ++k) {
             reducer.mark_ready(k);
         }
-        reducer.finish();
+        (void)reducer.finish();
         for (std::size_t i = 0; i < g.size(); ++i) {
             double want = 0;
             for (int r = 0; r < n; ++r) {

@@ -56,15 +56,32 @@ public:
     mismatch_error(int rank, std::string_view operation, std::string_view detail, int other_rank,
                    std::string_view field)
         : error(rank, operation, detail), other_rank_(other_rank), field_(field) {}
+    /// With the two values that differ, where the field is a number (a call's tag
+    /// or step): `reference_rank` called with `reference_value`, `other_rank` with
+    /// `other_value`.
+    mismatch_error(int rank, std::string_view operation, std::string_view detail, int other_rank,
+                   std::string_view field, int reference_rank, std::int64_t reference_value,
+                   std::int64_t other_value)
+        : error(rank, operation, detail), other_rank_(other_rank), field_(field),
+          reference_rank_(reference_rank), reference_value_(reference_value),
+          other_value_(other_value) {}
 
     /// The rank whose call differs from the reference rank's.
     int other_rank() const noexcept { return other_rank_; }
-    /// The field that differs: "operation", "count", "dtype", "op", "root" or "device".
+    /// The field that differs: "operation", "count", "dtype", "op", "root", "tag",
+    /// "step" or "device".
     const std::string& field() const noexcept { return field_; }
+    /// Where the field is a number: the rank compared with (-1 otherwise) and the
+    /// values the two ranks passed.
+    int reference_rank() const noexcept { return reference_rank_; }
+    std::int64_t reference_value() const noexcept { return reference_value_; }
+    std::int64_t other_value() const noexcept { return other_value_; }
 
 private:
     int other_rank_;
     std::string field_;
+    int reference_rank_ = -1;
+    std::int64_t reference_value_ = 0, other_value_ = 0;
 };
 
 /// A blocking wait ran past the communicator's timeout.

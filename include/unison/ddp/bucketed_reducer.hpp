@@ -251,8 +251,9 @@ public:
     /// marked ready count as zero (with `unused_is_error`, an error naming them after
     /// the reductions completed), every bucket is waited for and the averaged
     /// gradients are written back; returns true. On a micro-batch that only
-    /// accumulates returns false at once: step the optimizer only after true.
-    bool finish() {
+    /// accumulates returns false at once: step the optimizer only after true
+    /// (ignoring it would step on this rank's unsynchronized gradients).
+    [[nodiscard]] bool finish() {
         require_started("finish");
         struct count_pass { // also when the pass throws: every rank counts it
             step_communicator_type& c;

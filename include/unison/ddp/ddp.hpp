@@ -11,8 +11,9 @@
 ///     }
 ///     dp.start();                              // same parameters on every rank
 ///     // each step: backward hooks call dp.mark_ready(i); then
-///     dp.finish();                             // averaged gradients in place
-///     optimizer.step();
+///     if (dp.finish()) {                       // averaged gradients in place
+///         optimizer.step();                    // (false: a micro-batch that accumulates)
+///     }
 
 #include "unison/comm/collectives.hpp"
 #include "unison/core/detail/hash.hpp"
@@ -115,7 +116,7 @@ public:
     /// Ends a backward pass: true when the gradients were synchronized (averaged in
     /// place); false on a micro-batch that only accumulates (see
     /// bucketed_reducer::finish).
-    bool finish() { return reducer_.finish(); }
+    [[nodiscard]] bool finish() { return reducer_.finish(); }
 
     /// For `unison::cuda::use_device` (parallel/device.cuh): device gradients.
     template <class Installer>

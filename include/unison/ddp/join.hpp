@@ -10,8 +10,9 @@
 ///     unison::join j(dp.reducer());
 ///     while (j.next(loader.has_next())) {
 ///         if (j.has_data()) { forward; backward (hooks call mark_ready); }
-///         dp.finish();          // averaged gradients, on every rank
-///         optimizer.step();     // every rank takes the same step: models stay equal
+///         if (dp.finish()) {    // averaged gradients, on every rank
+///             optimizer.step(); // every rank takes the same step: models stay equal
+///         }
 ///     }
 ///
 /// `next` is called once per synchronizing step (with accumulate_steps = K, once per

@@ -16,7 +16,7 @@
 ///         loss = norm.loss_scale * sum_of_item_losses(mb);   // not the mean
 ///         backward(loss);
 ///     }
-///     dp.finish();   // gradient == gradient of (sum over all items / global_items)
+///     (void)dp.finish(); // gradient == gradient of (sum over all items / global_items)
 
 #include "unison/comm/collectives.hpp"
 #include "unison/core/error.hpp"

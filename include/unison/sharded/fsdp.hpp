@@ -248,7 +248,7 @@ public:
     /// communicator for shard::hybrid is collective.
     explicit fsdp(C& comm, options_type options = {})
         : comm_(&comm), options_(std::move(options)),
-          params_(comm, shard_options{options_.max_live_units, options_.shard_group_size}) {
+          params_(comm, shard_options{options_.max_live_units, options_.shard_group_size}, "fsdp") {
         if (options_.prefetch < 0) {
             fail("fsdp", "prefetch is " + std::to_string(options_.prefetch) +
                              "; it is 0 (off) or a number of units");
@@ -389,55 +389,67 @@ public:
     }
     /// The hook form of recompute(u)'s entry.
     void before_recompute(const unit_handle& u) {
-        const std::size_t k = enter(u, "before_recompute", phase::recompute);
-        entering guard{units_[k]};
-        params_.gather(k, pass::backward);
-        bind(k, false);
-        ++recomputations_;
-        guard.done = true;
+        naming_units([&] {
+            const std::size_t k = enter(u, "before_recompute", phase::recompute);
+            entering guard{units_[k]};
+            params_.gather(k, pass::backward);
+            bind(k, false);
+            ++recomputations_;
+            guard.done = true;
+        });
     }
     /// The hook form of recompute(u)'s exit: the unit stays gathered.
     void after_recompute(const unit_handle& u) { leave(u, "after_recompute", phase::recompute); }
 
     /// The hook form of forward(u)'s entry.
     void before_forward(const unit_handle& u) {
-        const std::size_t k = enter(u, "before_forward", phase::forward);
-        entering guard{units_[k]};
-        params_.gather(k, pass::forward);
-        prefetch_after(k, phase::forward);
-        bind(k, false);
-        ++units_[k].uses;
-        guard.done = true;
+        naming_units([&] {
+            const std::size_t k = enter(u, "before_forward", phase::forward);
+            entering guard{units_[k]};
+            params_.gather(k, pass::forward);
+            prefetch_after(k, phase::forward);
+            bind(k, false);
+            ++units_[k].uses;
+            guard.done = true;
+        });
     }
     /// The hook form of forward(u)'s exit: releases the gathered parameters when the
     /// strategy reshards after forward.
     void after_forward(const unit_handle& u) {
-        const std::size_t k = leave(u, "after_forward", phase::forward);
-        release(k, pass::forward);
+        naming_units([&] {
+            const std::size_t k = leave(u, "after_forward", phase::forward);
+            release(k, pass::forward);
+        });
     }
     /// The hook form of backward(u)'s entry.
     void before_backward(const unit_handle& u) {
-        const std::size_t k = enter(u, "before_backward", phase::backward);
-        entering guard{units_[k]};
-        params_.gather(k, pass::backward);
-        prefetch_after(k, phase::backward);
-        bind(k, true);
-        guard.done = true;
+        naming_units([&] {
+            const std::size_t k = enter(u, "before_backward", phase::backward);
+            entering guard{units_[k]};
+            params_.gather(k, pass::backward);
+            prefetch_after(k, phase::backward);
+            bind(k, true);
+            guard.done = true;
+        });
     }
     /// The hook form of backward(u)'s exit: starts the reduction of the unit's
     /// gradients once every forward use of it has had its backward, and releases
     /// the gathered parameters.
     void after_backward(const unit_handle& u) {
-        const std::size_t k = leave(u, "after_backward", phase::backward);
-        end_backward(k, units_[k].backwards + 1);
+        naming_units([&] {
+            const std::size_t k = leave(u, "after_backward", phase::backward);
+            end_backward(k, units_[k].backwards + 1);
+        });
     }
     /// after_backward for a framework whose one backward covers every forward use of
     /// the unit (autograd sums a parameter's gradient over all its uses before the
     /// parameter's hook runs): leaves the unit's backward and starts the reduction
     /// however many forward uses there were.
     void complete_backward(const unit_handle& u) {
-        const std::size_t k = leave(u, "complete_backward", phase::backward);
-        end_backward(k, std::max(units_[k].backwards + 1, units_[k].uses));
+        naming_units([&] {
+            const std::size_t k = leave(u, "complete_backward", phase::backward);
+            end_backward(k, std::max(units_[k].backwards + 1, units_[k].uses));
+        });
     }
 
     /// Backward passes inside the returned scope accumulate the full gradients on
@@ -481,12 +493,14 @@ public:
     /// would otherwise stay gathered until the next backward or step(). No-op when
     /// parameters are not sharded.
     void release_all() {
-        require_started("release_all");
-        for (std::size_t k = 0; k < units_.size(); ++k) {
-            if (units_[k].active == phase::none) {
-                release(k, pass::backward);
+        naming_units([&] {
+            require_started("release_all");
+            for (std::size_t k = 0; k < units_.size(); ++k) {
+                if (units_[k].active == phase::none) {
+                    release(k, pass::backward);
+                }
             }
-        }
+        });
     }
 
     /// Copies parameter `p`'s full values into `out` (any writable floating-point host
@@ -559,61 +573,64 @@ public:
     /// its reductions where each micro-batch reduces) and returns a result with
     /// `accumulated` set.
     step_result step() {
-        require_started("step");
-        if (no_sync_depth_ > 0) {
-            fail("step", "called inside no_sync(): the gradients of this window are not "
-                         "reduced yet. Run the window's last micro-batch outside the no_sync "
-                         "scope (its backward reduces them), then call step()");
-        }
-        for (std::size_t k = 0; k < units_.size(); ++k) {
-            if (units_[k].active != phase::none) {
-                fail("step", "unit " + std::to_string(k) + " is still inside its " +
-                                 phase_name(units_[k].active) +
-                                 " (after_forward/after_backward, or the scope's end, missing)");
+        return naming_units([&] {
+            require_started("step");
+            if (no_sync_depth_ > 0) {
+                fail("step", "called inside no_sync(): the gradients of this window are not "
+                             "reduced yet. Run the window's last micro-batch outside the no_sync "
+                             "scope (its backward reduces them), then call step()");
             }
-        }
-        const bool last = last_micro_batch();
-        struct next_iteration { // also when the step throws: the next one starts clean
-            fsdp& e;
-            bool last;
-            bool done = false;
-            ~next_iteration() {
-                if (!done) { // a failed step: no stale gradient carries over
-                    try {
-                        e.params_.zero_grad();
-                    } catch (...) { // the step's own error is the one to report
+            for (std::size_t k = 0; k < units_.size(); ++k) {
+                if (units_[k].active != phase::none) {
+                    fail("step",
+                         "unit " + std::to_string(k) + " is still inside its " +
+                             phase_name(units_[k].active) +
+                             " (after_forward/after_backward, or the scope's end, missing)");
+                }
+            }
+            const bool last = last_micro_batch();
+            struct next_iteration { // also when the step throws: the next one starts clean
+                fsdp& e;
+                bool last;
+                bool done = false;
+                ~next_iteration() {
+                    if (!done) { // a failed step: no stale gradient carries over
+                        try {
+                            e.params_.zero_grad();
+                        } catch (...) { // the step's own error is the one to report
+                        }
+                    }
+                    for (unit_state& s : e.units_) {
+                        s.uses = 0;
+                        s.backwards = 0;
+                        s.reduced = false;
+                    }
+                    e.micro_ = last || !done ? 0 : e.micro_ + 1;
+                    e.observed_ = true;
+                    e.cursor_[0] = e.cursor_[1] = 0;
+                }
+            } ended{*this, last};
+            // Units that took no part in backward contribute zero, in unit order.
+            if (reduces_in_backward()) {
+                for (std::size_t k = 0; k < units_.size(); ++k) {
+                    if (!units_[k].reduced) {
+                        params_.reduce_gradients(k);
                     }
                 }
-                for (unit_state& s : e.units_) {
-                    s.uses = 0;
-                    s.backwards = 0;
-                    s.reduced = false;
+            }
+            release_all(); // prefetched but never used, or kept from forward
+            if (!last) {
+                if (reduces_in_backward()) {
+                    params_.wait_gradients(); // added to the shards; full gradients freed
                 }
-                e.micro_ = last || !done ? 0 : e.micro_ + 1;
-                e.observed_ = true;
-                e.cursor_[0] = e.cursor_[1] = 0;
+                ended.done = true;
+                return step_result{.accumulated = true, .loss_scale = loss_scale()};
             }
-        } ended{*this, last};
-        // Units that took no part in backward contribute zero, in unit order.
-        if (reduces_in_backward()) {
-            for (std::size_t k = 0; k < units_.size(); ++k) {
-                if (!units_[k].reduced) {
-                    params_.reduce_gradients(k);
-                }
-            }
-        }
-        release_all(); // prefetched but never used, or kept from forward
-        if (!last) {
-            if (reduces_in_backward()) {
-                params_.wait_gradients(); // added to the shards; full gradients freed
-            }
+            const step_result r = optimizer_->step();
+            params_.zero_grad();
             ended.done = true;
-            return step_result{.accumulated = true, .loss_scale = loss_scale()};
-        }
-        const step_result r = optimizer_->step();
-        params_.zero_grad();
-        ended.done = true;
-        return r;
+            return r;
+        });
     }
 
     // ---------------------------------------------------------------- queries
@@ -806,6 +823,41 @@ private:
                 }
             }
         }
+    }
+
+    /// Runs `f`. Where calls are matched, ranks that work on different units fail
+    /// in a collective whose tag (the unit, plus one) differs; that error is thrown
+    /// again naming the units by their parameters, as the user named them.
+    template <class F>
+    decltype(auto) naming_units(F&& f) {
+        try {
+            return std::forward<F>(f)();
+        } catch (const mismatch_error& e) {
+            const auto count = static_cast<std::int64_t>(units_.size());
+            const std::int64_t a = e.reference_value(), b = e.other_value();
+            if (e.field() != "tag" || e.reference_rank() < 0 || a < 1 || a > count || b < 1 ||
+                b > count) {
+                throw;
+            }
+            throw mismatch_error(
+                e.rank(), e.operation(),
+                "ranks work on different units: rank " + std::to_string(e.reference_rank()) +
+                    " is in " + describe_unit(static_cast<std::size_t>(a - 1)) + " where rank " +
+                    std::to_string(e.other_rank()) + " is in " +
+                    describe_unit(static_cast<std::size_t>(b - 1)) + " (collective tags " +
+                    std::to_string(a) + " and " + std::to_string(b) +
+                    "): every rank must run the same units in the same order",
+                e.other_rank(), e.field(), e.reference_rank(), a, b);
+        }
+    }
+    /// "unit 1 ('fc2.weight', 'fc2.bias')": a unit by its parameters' names.
+    std::string describe_unit(std::size_t k) const {
+        const auto [first, last] = params_.parameters_of(k);
+        std::string out = "unit " + std::to_string(k) + " (";
+        for (std::size_t id = first; id < last && id < first + 3; ++id) {
+            out += (id == first ? "'" : ", '") + params_.name(id) + "'";
+        }
+        return out + (last - first > 3 ? ", ...)" : ")");
     }
 
     /// Leaves a scope during stack unwinding: memory only, no collective.

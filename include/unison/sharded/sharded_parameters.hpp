@@ -127,21 +127,21 @@ public:
     /// Keeps a reference to `comm`, which must outlive this object. With
     /// shard::hybrid, `options.shard_group_size` ranks r, r+1, ... shard among
     /// themselves and the groups replicate; splitting the communicator is collective.
-    explicit sharded_parameters(C& comm, shard_options options = {})
-        : comm_(&comm), options_(options) {
+    /// `owner` is what errors call this object: "fsdp" when the engine owns it, so
+    /// that its user reads the engine's name and calls, not the parts'.
+    explicit sharded_parameters(C& comm, shard_options options = {},
+                                std::string owner = "sharded_parameters")
+        : comm_(&comm), options_(options), owner_(std::move(owner)) {
         if (options.max_live_units < 0) {
-            fail("sharded_parameters", "max_live_units is " +
-                                           std::to_string(options.max_live_units) +
-                                           "; it is 0 (no limit) or positive");
+            fail("construction", "max_live_units is " + std::to_string(options.max_live_units) +
+                                     "; it is 0 (no limit) or positive");
         }
         if constexpr (strategy::hybrid) {
             const int n = comm.size();
             const int g = options.shard_group_size;
             if (g < 1 || n % g != 0) {
-                fail("sharded_parameters", "shard::hybrid needs a shard_group_size that divides "
-                                           "the " +
-                                               std::to_string(n) + " ranks; got " +
-                                               std::to_string(g));
+                fail("construction", "shard::hybrid needs a shard_group_size that divides the " +
+                                         std::to_string(n) + " ranks; got " + std::to_string(g));
             }
             shard_own_.emplace(comm.split(comm.rank() / g, comm.rank()));
             replica_own_.emplace(comm.split(comm.rank() % g, comm.rank()));
@@ -639,7 +639,7 @@ public:
 
     /// Throws `argument_error` naming this rank and `operation`.
     [[noreturn]] void fail(const std::string& operation, const std::string& detail) const {
-        throw argument_error(comm_->rank(), "sharded_parameters " + operation, detail);
+        throw argument_error(comm_->rank(), owner_ + " " + operation, detail);
     }
 
 private:
@@ -823,22 +823,30 @@ private:
 
     /// Every rank: the same units (names and sizes) and the same initial values.
     void verify_layout() {
-        std::uint64_t layout = detail::fnv1a64_offset;
-        for (const unit& u : units_) {
-            const std::uint64_t n[2] = {u.last - u.first, u.mem.numel};
-            layout = detail::fnv1a64(n, sizeof n, layout);
-        }
+        // One hash per parameter: its name, size and unit. Counts first (a rank with
+        // another parameter count would otherwise call the next all_gather with
+        // another count), then the first parameter that differs, by name.
+        std::vector<std::uint64_t> hashes;
+        hashes.reserve(entries_.size());
         for (const entry& e : entries_) {
-            layout = detail::fnv1a64(e.name.data(), e.name.size(), layout);
-            layout = detail::fnv1a64(&e.numel, sizeof e.numel, layout);
+            std::uint64_t h = detail::fnv1a64(e.name.data(), e.name.size());
+            const std::uint64_t n[2] = {e.numel, e.unit};
+            hashes.push_back(detail::fnv1a64(n, sizeof n, h));
         }
+        const std::string operation = owner_ + " start";
+        const std::string rule = owner_ == "fsdp"
+                                     ? "every rank must add the same units (add_unit) with the "
+                                       "same parameters in the same order"
+                                     : "every rank must add the same units in the same order";
+        detail::verify_same_entries(
+            *comm_, place_, std::span<const std::uint64_t>(hashes),
+            [&](std::size_t k) {
+                const entry& e = entries_[k];
+                return "parameter '" + e.name + "' (" + std::to_string(e.numel) +
+                       " elements, unit " + std::to_string(e.unit) + ")";
+            },
+            {operation.c_str(), "added", "parameters", "with other names or sizes", rule.c_str()});
         const std::size_t n = entries_.size();
-        // Sizes first: a rank with another parameter count would otherwise call the
-        // second all_gather with another count.
-        detail::verify_same_layout(*comm_, place_, static_cast<std::int64_t>(n), layout,
-                                   {"sharded_parameters start", "added", "parameters",
-                                    "with other names or sizes",
-                                    "every rank must add the same units in the same order"});
         if (n == 0) {
             return;
         }
@@ -854,12 +862,13 @@ private:
         for (int r = 0; r < comm_->size(); ++r) {
             for (std::size_t i = 0; i < n; ++i) {
                 if (all[static_cast<std::size_t>(r) * n + i] != mine[i]) {
-                    throw mismatch_error(comm_->rank(), "sharded_parameters start",
+                    throw mismatch_error(comm_->rank(), owner_ + " start",
                                          "parameter '" + entries_[i].name +
                                              "' was set to other initial values on rank " +
                                              std::to_string(r) +
-                                             ": every rank must pass the same values to "
-                                             "set_parameter (initialize with the same seed)",
+                                             ": every rank must pass the same values to " +
+                                             (owner_ == "fsdp" ? "add_unit" : "set_parameter") +
+                                             " (initialize with the same seed)",
                                          r, "values");
                 }
             }
@@ -868,6 +877,7 @@ private:
 
     C* comm_;
     shard_options options_;
+    std::string owner_; ///< what errors call this object
     detail::placement place_;
     std::optional<C> shard_own_, replica_own_;
     /// shard_comm() and the replica communicator, stamped with the iteration count.

@@ -66,7 +66,10 @@ inline void check_signature(int rank, const std::string& label, int ref_rank,
                             const call_signature& ref, int other, const call_signature& theirs) {
     const char* field = nullptr;
     std::string a, b;
+    std::int64_t ref_value = 0, their_value = 0; // where the field is a number
     if (theirs.step != ref.step) {
+        ref_value = static_cast<std::int64_t>(ref.step);
+        their_value = static_cast<std::int64_t>(theirs.step);
         // First: a rank a step ahead or behind makes every other field suspect.
         field = "step";
         a = "step " + std::to_string(ref.step);
@@ -99,6 +102,8 @@ inline void check_signature(int rank, const std::string& label, int ref_rank,
         b = "a different one";
     } else if (theirs.tag != ref.tag) {
         field = "tag";
+        ref_value = static_cast<std::int64_t>(ref.tag);
+        their_value = static_cast<std::int64_t>(theirs.tag);
         a = "tag " + std::to_string(ref.tag);
         b = "tag " + std::to_string(theirs.tag) +
             " (what the call belongs to, a unit, bucket or the caller's tag, differs across "
@@ -109,7 +114,7 @@ inline void check_signature(int rank, const std::string& label, int ref_rank,
                              std::string(field) + " differs: rank " + std::to_string(ref_rank) +
                                  " called with " + a + " but rank " + std::to_string(other) +
                                  " with " + b,
-                             other, field);
+                             other, field, ref_rank, ref_value, their_value);
     }
 }
 
