@@ -716,10 +716,16 @@ private:
     }
 
     /// Completes the reductions that have finished, in order, and waits for the
-    /// oldest ones until at most `keep` are pending.
+    /// oldest ones until at most `keep` are pending. With hybrid sharding completing
+    /// one is itself a collective (the all-reduce across the replicas), so only the
+    /// program's order may decide when: a reduction that test() finds done early on
+    /// one rank and not on another would put that rank in the replica group's
+    /// all-reduce while its replica waits in its own shard group's next gather, and
+    /// across two groups the ranks would wait on each other in a cycle.
     void progress(std::size_t keep) {
         while (!pending_.empty() &&
-               (pending_.size() > keep || units_[pending_.front()].reduce->test())) {
+               (pending_.size() > keep ||
+                (!strategy::hybrid && units_[pending_.front()].reduce->test()))) {
             complete_front(true);
         }
     }
