@@ -128,12 +128,15 @@ bool says(const std::string& what, std::initializer_list<std::string_view> words
         CHECK(says(rejection(ck::serialize(m)), {__VA_ARGS__}));                                   \
     } while (false)
 
-/// A small checkpoint of two ranks, two kinds and three tensors (one empty). Its
-/// text's lines: 1 magic, 2 world_size, 3 layout, 4 optimizer, 5 step, 6 loss_scale,
-/// 7 good_steps, 8 kinds, 9-10 kind, 11 tensors, 12-14 tensor, 15 files, 16-17 file,
-/// 18 ranges, 19-24 range, 25 checksum.
+/// A small checkpoint of two ranks, two kinds and three tensors (one empty), in
+/// format version 2 (the line numbers below hold there; version 3 adds the
+/// tensor_steps lines after the tensors). Its text's lines: 1 magic, 2 world_size,
+/// 3 layout, 4 optimizer, 5 step, 6 loss_scale, 7 good_steps, 8 kinds, 9-10 kind,
+/// 11 tensors, 12-14 tensor, 15 files, 16-17 file, 18 ranges, 19-24 range, 25
+/// checksum.
 ck::metadata small() {
     ck::metadata m;
+    m.version = 2;
     m.world_size = 2;
     m.layout = "zero3";
     m.optimizer = "adamw";
@@ -195,6 +198,7 @@ ck::metadata random_metadata(std::mt19937_64& rng, std::size_t max_tensors) {
     const double scales[] = {1.0, 65536.0, 0.1, 1e-300, 1.7976931348623157e308, 3.0 / 7.0};
     m.loss_scale = rng() % 2 ? scales[rng() % 6] : std::ldexp(1.0 + double(rng() % 1000), -7);
     m.good_steps = rng() % 2000;
+    m.version = rng() % 4 == 0 ? 2 : ck::format_version;
     const char* kinds[] = {"param", "exp_avg", "exp_avg_sq", "momentum", "master_f32"};
     const std::size_t n_kinds = 1 + rng() % 4;
     m.kinds.assign(kinds, kinds + n_kinds);
@@ -230,6 +234,11 @@ ck::metadata random_metadata(std::mt19937_64& rng, std::size_t max_tensors) {
     for (std::size_t f = 0; f < n_files; ++f) {
         m.files[f].bytes = cursor[f] + rng() % 16;
     }
+    for (std::size_t t = 0; t < n_tensors && m.version >= 3 && m.step > 0; ++t) {
+        if (rng() % 3 == 0) {
+            m.tensor_steps.push_back({static_cast<std::uint32_t>(t), rng() % m.step});
+        }
+    }
     std::shuffle(m.ranges.begin(), m.ranges.end(), rng);
     return m;
 }
@@ -243,6 +252,7 @@ void check_equal(const ck::metadata& a, const ck::metadata& b) {
     CHECK(a.loss_scale == b.loss_scale);
     CHECK(a.good_steps == b.good_steps);
     CHECK(a.kinds == b.kinds);
+    CHECK(a.tensor_steps == b.tensor_steps);
     REQUIRE(a.tensors.size() == b.tensors.size());
     for (std::size_t i = 0; i < a.tensors.size(); ++i) {
         CHECK(a.tensors[i].name == b.tensors[i].name);
@@ -341,7 +351,7 @@ TEST_CASE("checkpoint format: version 1 (FNV-1a checksums) still parses") {
     const std::string v1 = body + "checksum " + hex16(ck::fnv1a64(body.data(), body.size())) + "\n";
     ck::metadata m = ck::parse(v1, "metadata");
     CHECK(m.version == 1);
-    m.version = ck::format_version;
+    m.version = 2;
     check_equal(m, small());
     // ... and its checksum is FNV-1a's: XXH3's is refused
     CHECK_THROWS_WITH_AS(ck::parse(body + "checksum " + hex16(hash(body)) + "\n", "metadata"),
@@ -379,6 +389,51 @@ TEST_CASE("checkpoint format: serialize writes the documented text") {
     ck::metadata m = small();
     m.loss_scale = 0.1; // %.17g: every digit needed to read back the same double
     CHECK(ck::serialize(m).find("\nloss_scale 0.10000000000000001\n") != std::string::npos);
+}
+
+TEST_CASE("checkpoint format: version 3 lists the tensors that took fewer steps") {
+    ck::metadata m = small();
+    m.version = 3;
+    m.tensor_steps = {{0, 7}, {1, 0}};
+    const std::string text = ck::serialize(m);
+    // Version 2's text but for the header and the lines after the tensors.
+    std::vector<std::string> expected = body_lines(ck::serialize(small()));
+    expected[0] = "unison-checkpoint 3";
+    expected.insert(expected.begin() + 14,
+                    {"tensor_steps 2", "tensor_step 0 7", "tensor_step 1 0"});
+    CHECK(text == sealed(expected));
+    check_equal(ck::parse(text, "metadata"), m);
+    m.tensor_steps.clear(); // none: a count of 0
+    CHECK(ck::serialize(m).find("\ntensor_steps 0\nfiles 2\n") != std::string::npos);
+    check_equal(ck::parse(ck::serialize(m), "metadata"), m);
+
+    m.tensor_steps = {{3, 1}};
+    CHECK_INVALID(m, "tensor_step 0 names tensor 3 of 3");
+    m.tensor_steps = {{1, 2}, {1, 3}};
+    CHECK_INVALID(m, "tensor_step 1 names tensor 1 after tensor 1", "increasing");
+    m.tensor_steps = {{1, 2}, {0, 3}};
+    CHECK_INVALID(m, "tensor_step 1 names tensor 0 after tensor 1");
+    m.tensor_steps = {{1, 10}};
+    CHECK_INVALID(m, "tensor_step 0: tensor 'bias' took 10 steps, not fewer than the "
+                     "checkpoint's 10");
+    m.version = 2; // version 2 has no such lines
+    m.tensor_steps = {{1, 2}};
+    CHECK(says(invalidity(m), {"tensor_step lines in format version 2"}));
+
+    m = small();
+    m.version = 3;
+    m.tensor_steps = {{0, 7}};
+    std::vector<std::string> lines = body_lines(ck::serialize(m));
+    CHECK(lines[14] == "tensor_steps 1");
+    lines[15] = "tensor_step 0";
+    CHECK_REJECTED(sealed(lines), "line 16: expected 'tensor_step <tensor> <steps>'");
+    lines[15] = "tensor_step 0 -7";
+    CHECK_REJECTED(sealed(lines), "line 16: steps '-7' is not a decimal number");
+    lines[14] = "tensor_steps 2";
+    lines[15] = "tensor_step 0 7";
+    CHECK_REJECTED(sealed(lines), "line 17: expected 'tensor_step <tensor> <steps>'", "'files 2'");
+    lines.erase(lines.begin() + 14, lines.begin() + 16); // version 3 without the section
+    CHECK_REJECTED(sealed(lines), "line 15: expected 'tensor_steps <count>'", "'files 2'");
 }
 
 TEST_CASE("checkpoint format: random metadata round-trips exactly") {
@@ -440,14 +495,14 @@ TEST_CASE("checkpoint format: 100000 ranges validate in O(R log R)") {
 
 TEST_CASE("checkpoint format: rejects what is not a whole metadata file") {
     const std::string good = ck::serialize(small());
-    CHECK_REJECTED("", "line 1: expected 'unison-checkpoint 2'", "not a unison checkpoint");
-    CHECK_REJECTED("hello\n", "line 1: expected 'unison-checkpoint 2'", "'hello'");
-    CHECK_REJECTED("unison-checkpoint 3\n" + good.substr(good.find('\n') + 1),
-                   "unsupported version 3", "reads versions 1 to 2");
+    CHECK_REJECTED("", "line 1: expected 'unison-checkpoint 3'", "not a unison checkpoint");
+    CHECK_REJECTED("hello\n", "line 1: expected 'unison-checkpoint 3'", "'hello'");
+    CHECK_REJECTED("unison-checkpoint 4\n" + good.substr(good.find('\n') + 1),
+                   "unsupported version 4", "reads versions 1 to 3");
     CHECK_REJECTED("unison-checkpoint 0\n" + good.substr(good.find('\n') + 1),
-                   "unsupported version 0", "reads versions 1 to 2");
+                   "unsupported version 0", "reads versions 1 to 3");
     CHECK_REJECTED("unison-checkpoint 02\n" + good.substr(good.find('\n') + 1),
-                   "line 1: expected 'unison-checkpoint 2'");
+                   "line 1: expected 'unison-checkpoint 3'");
     CHECK_REJECTED(good.substr(0, good.size() - 1), "newline", "truncated?");
     // Truncated after a whole line: the last line is not the checksum.
     const std::string half = good.substr(0, good.find("files"));
@@ -688,8 +743,8 @@ TEST_CASE("checkpoint format: rejects duplicate and malformed names") {
     m.world_size = 0;
     CHECK_INVALID(m, "world_size is 0");
     m = small();
-    m.version = 3;
-    CHECK(says(invalidity(m), {"unsupported version 3"}));
+    m.version = 4;
+    CHECK(says(invalidity(m), {"unsupported version 4"}));
     m.version = 0;
     CHECK(says(invalidity(m), {"unsupported version 0"}));
 

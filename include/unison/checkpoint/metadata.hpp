@@ -20,10 +20,11 @@
 
 namespace unison::checkpoint {
 
-/// The metadata format version this build writes. Version 2 checksums with XXH3-64
-/// (memory speed); version 1 with FNV-1a (one byte at a time, 0.3 GB/s), and is
-/// still read.
-inline constexpr std::uint32_t format_version = 2;
+/// The metadata format version this build writes. Version 3 adds the tensors whose
+/// optimizer steps differ from the checkpoint's (`tensor_step` lines); version 2
+/// checksums with XXH3-64 (memory speed); version 1 with FNV-1a (one byte at a
+/// time, 0.3 GB/s). All three are read.
+inline constexpr std::uint32_t format_version = 3;
 /// The oldest version this build reads.
 inline constexpr std::uint32_t oldest_format_version = 1;
 
@@ -39,6 +40,17 @@ struct tensor_entry {
     std::uint64_t numel = 0;
 
     bool operator==(const tensor_entry&) const = default;
+};
+
+/// A tensor whose optimizer took fewer steps than the checkpoint's `step`: steps
+/// in which no rank gave it a gradient left it (and its state) as it was, as
+/// PyTorch's optimizers skip a parameter whose gradient is None. Its bias
+/// corrections (Adam) count its own steps. `tensor` indexes metadata::tensors.
+struct tensor_step_entry {
+    std::uint32_t tensor = 0;
+    std::uint64_t steps = 0;
+
+    bool operator==(const tensor_step_entry&) const = default;
 };
 
 /// One data file of the checkpoint: its name relative to the checkpoint directory
@@ -87,6 +99,9 @@ struct metadata {
     std::vector<std::string> kinds;
     /// The tensors (unique, non-empty names without '\n').
     std::vector<tensor_entry> tensors;
+    /// The tensors whose steps differ from `step` (fewer), by increasing index
+    /// (version 3; none in older versions: every tensor took every step).
+    std::vector<tensor_step_entry> tensor_steps;
     /// The data files (unique names).
     std::vector<file_entry> files;
     /// Where each element of each (tensor, kind) pair is stored.

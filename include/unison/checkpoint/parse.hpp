@@ -308,6 +308,15 @@ inline metadata parse(std::string_view text, const std::string& file) {
         t.numel = u64(f[1], "numel");
         t.name = name(f[2], f[3]);
     }
+    if (version >= 3) {
+        const std::uint64_t steps = count("tensor_steps <count>");
+        m.tensor_steps.reserve(capacity(steps));
+        for (std::uint64_t i = 0; i < steps; ++i) {
+            std::array<std::string_view, 3> f;
+            entry("tensor_step <tensor> <steps>", f, false, steps, i);
+            m.tensor_steps.push_back({u32(f[1], "tensor"), u64(f[2], "steps")});
+        }
+    }
 
     const std::uint64_t files = count("files <count>");
     m.files.reserve(capacity(files));

@@ -109,6 +109,25 @@ inline void validate(const metadata& m, const std::string& file) {
     check_unique(
         m.tensors.size(), [&](std::size_t i) -> std::string_view { return m.tensors[i].name; },
         "tensor");
+    if (m.version < 3 && !m.tensor_steps.empty()) {
+        fail("tensor_step lines in format version " + str(m.version) + " (they came in 3)");
+    }
+    for (std::size_t i = 0; i < m.tensor_steps.size(); ++i) {
+        const tensor_step_entry& t = m.tensor_steps[i];
+        if (t.tensor >= m.tensors.size()) {
+            fail("tensor_step " + str(i) + " names tensor " + str(t.tensor) + " of " +
+                 str(m.tensors.size()));
+        }
+        if (i > 0 && t.tensor <= m.tensor_steps[i - 1].tensor) {
+            fail("tensor_step " + str(i) + " names tensor " + str(t.tensor) + " after tensor " +
+                 str(m.tensor_steps[i - 1].tensor) + " (increasing tensor indices expected)");
+        }
+        if (t.steps >= m.step) {
+            fail("tensor_step " + str(i) + ": tensor " +
+                 checkpoint_quote(m.tensors[t.tensor].name) + " took " + str(t.steps) +
+                 " steps, not fewer than the checkpoint's " + str(m.step));
+        }
+    }
 
     for (std::size_t i = 0; i < m.files.size(); ++i) {
         if (!detail::checkpoint_is_file_name(m.files[i].name)) {
