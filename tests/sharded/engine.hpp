@@ -15,6 +15,7 @@
 
 #include "../support/skewed_completion.hpp"
 #include "accounting.hpp"
+#include "checkpoint.hpp"
 
 #include <unison/comm/counting_communicator.hpp>
 #include <unison/sharded.hpp>
@@ -194,6 +195,125 @@ void recompute_case(C& comm, const std::string& name) {
     UNISON_CHECK_CASE(comm, name, o);
 }
 
+/// A parameter without a gradient in some steps (`no_gradient`), against engines
+/// that hold each parameter alone: without clipping, AdamW updates every parameter
+/// by itself, so the model's "p1", which gets a gradient one step in three, must
+/// equal bit for bit a lone "p1" whose engine steps only in those steps (with
+/// set_grads_to_none) or in every step from its first use on, with zero gradients
+/// (without); "p0", with a gradient in every step, a lone "p0" stepped every time.
+/// Halfway the model is saved and resumed in an engine of strategy `Resumed`: each
+/// parameter's own step count (AdamW's bias corrections) must come back with it.
+/// The gradients are multiples of 1/64 below 1, whose sums are exact in any order,
+/// so that hybrid's two-level reduction gives the lone engines' averages bit for bit.
+template <class Strategy, class Resumed, communicator C>
+void no_gradient_case(C& comm, bool set_to_none, const std::string& name) {
+    using engine_type = fsdp<C, Strategy, optim::adamw>;
+    using resumed_type = fsdp<C, Resumed, optim::adamw>;
+    using lone_type = fsdp<C, policy::shard::full, optim::adamw>;
+    CAPTURE(name);
+    const std::vector<std::size_t> sizes = {13, 40};
+    std::vector<std::vector<float>> init(sizes.size());
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+        init[k].resize(sizes[k]);
+        for (std::size_t i = 0; i < sizes[k]; ++i) {
+            init[k][i] = static_cast<float>(synthetic(9, 0, k * 100 + i));
+        }
+    }
+    const auto options = [&](bool hybrid) {
+        typename engine_type::options_type o{.optimizer = {.lr = 1e-2, .weight_decay = 0.1}};
+        o.shard_group_size = hybrid ? hybrid_group(comm.size()) : 0;
+        o.set_grads_to_none = set_to_none;
+        return o;
+    };
+    auto add = [&](auto& e) {
+        std::vector<unit_handle> u;
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+            u.push_back(e.add_unit({{"p" + std::to_string(k), init[k]}}));
+        }
+        e.start();
+        return u;
+    };
+    auto engine = std::make_unique<engine_type>(comm, options(engine_type::strategy::hybrid));
+    std::unique_ptr<resumed_type> resumed;
+    std::vector<unit_handle> units = add(*engine);
+    std::vector<std::unique_ptr<lone_type>> lone;
+    std::vector<unit_handle> lone_units;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+        lone.push_back(std::make_unique<lone_type>(comm, options(false)));
+        lone_units.push_back(lone[k]->add_unit({{"p" + std::to_string(k), init[k]}}));
+        lone[k]->start();
+    }
+    auto write = [&](auto& e, const unit_handle& u, std::size_t k, int step) {
+        auto scope = e.backward(u);
+        const view<float> g = e.gradient(u[0]);
+        for (std::size_t i = 0; i < g.size; ++i) {
+            const double x =
+                synthetic(20 + static_cast<std::uint64_t>(step), comm.rank(), k * 100 + i);
+            g.data[i] = static_cast<float>(std::round(x * 64) / 64);
+        }
+    };
+    auto full = [](auto& e, const unit_handle& u, std::size_t n) {
+        std::vector<float> v(n);
+        e.copy_full(u[0], v);
+        return v;
+    };
+    const shared_temp_dir<C> dir(comm, "no-gradient");
+    outcome o;
+    bool p1_started = false;
+    for (int step = 0; step < 10; ++step) {
+        const bool used = step % 3 == 1;
+        if (step == 5) {
+            save_checkpoint(dir.path(), *engine);
+            resumed = std::make_unique<resumed_type>(comm, options(resumed_type::strategy::hybrid));
+            units = add(*resumed); // the handles of the engine that trains on
+            load_checkpoint(dir.path(), *resumed);
+            engine.reset();
+        }
+        auto model_step = [&](auto& e) {
+            { auto s = e.forward(units[0]); }
+            if (used) { // forward reaches p1's unit only in these steps
+                auto s = e.forward(units[1]);
+            }
+            write(e, units[0], 0, step);
+            if (used) {
+                write(e, units[1], 1, step);
+            } else {
+                e.no_gradient(units[1][0]);
+            }
+            (void)e.step();
+        };
+        if (resumed) {
+            model_step(*resumed);
+        } else {
+            model_step(*engine);
+        }
+        write(*lone[0], lone_units[0], 0, step);
+        (void)lone[0]->step();
+        if (used) {
+            write(*lone[1], lone_units[1], 1, step);
+            p1_started = true;
+        }
+        if (used || (!set_to_none && p1_started)) {
+            (void)lone[1]->step(); // not used: a zero gradient
+        }
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+            const std::vector<float> got =
+                resumed ? full(*resumed, units[k], sizes[k]) : full(*engine, units[k], sizes[k]);
+            const std::uint64_t steps =
+                resumed ? resumed->steps_of(units[k][0]) : engine->steps_of(units[k][0]);
+            o.expect(got == full(*lone[k], lone_units[k], sizes[k]),
+                     "step " + std::to_string(step) + ": p" + std::to_string(k) +
+                         " differs from the lone parameter's training");
+            o.expect(steps == lone[k]->steps(), "step " + std::to_string(step) + ": p" +
+                                                    std::to_string(k) + " took " +
+                                                    std::to_string(steps) + " steps, the lone " +
+                                                    std::to_string(lone[k]->steps()));
+        }
+    }
+    o.expect(lone[1]->steps() < lone[0]->steps(), "p1 sat no step out");
+    UNISON_CHECK_CASE(comm, name, o);
+}
+
 template <communicator C>
 void engine_semantics_cases(C& comm) {
     using namespace unison::policy;
@@ -214,6 +334,11 @@ void engine_semantics_cases(C& comm) {
                                           "different times on different ranks");
     recompute_case<shard::full>(skewed, "recomputation, shard::full, reductions done at "
                                         "different times on different ranks");
+    no_gradient_case<shard::full, zero<1>>(comm, true, "no gradient, set to none, full to zero<1>");
+    no_gradient_case<zero<2>, shard::hybrid>(comm, true,
+                                             "no gradient, set to none, zero<2> to hybrid");
+    no_gradient_case<zero<1>, shard::full>(comm, false,
+                                           "no gradient, zeroed in place, zero<1> to full");
 }
 
 } // namespace unison::test

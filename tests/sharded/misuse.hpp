@@ -140,16 +140,17 @@ void fsdp_misuse_cases(C& comm) {
                              argument_error);
         engine.start();
         CHECK_THROWS_WITH_AS(engine.after_forward(u0),
-                             doctest::Contains("unit 0 is not inside its forward"), argument_error);
+                             doctest::Contains("unit 0 ('a') is not inside its forward"),
+                             argument_error);
         {
             auto scope = engine.forward(u0);
             CHECK(engine.value(u0[0]).data[9] == 0.5f);
             CHECK_THROWS_WITH_AS(
                 engine.before_forward(u0),
-                doctest::Contains("unit 0 entered again before leaving its forward"),
+                doctest::Contains("unit 0 ('a') entered again before leaving its forward"),
                 argument_error);
             CHECK_THROWS_WITH_AS(engine.step(),
-                                 doctest::Contains("unit 0 is still inside its forward"),
+                                 doctest::Contains("unit 0 ('a') is still inside its forward"),
                                  argument_error);
             CHECK_THROWS_WITH_AS((void)engine.gradient(u0[0]),
                                  doctest::Contains("outside its unit's backward"), argument_error);
@@ -166,10 +167,11 @@ void fsdp_misuse_cases(C& comm) {
             auto scope = engine.backward(u1);
             engine.gradient(u1[0]).data[0] = 1.0f;
         }
-        CHECK_THROWS_WITH_AS(engine.before_backward(u1),
-                             doctest::Contains("unit 1 entered backward after its gradients were "
-                                               "reduced in this step"),
-                             argument_error);
+        CHECK_THROWS_WITH_AS(
+            engine.before_backward(u1),
+            doctest::Contains("unit 1 ('b') entered backward after its gradients were "
+                              "reduced in this step"),
+            argument_error);
         CHECK_THROWS_WITH_AS(engine.before_backward(u1),
                              doctest::Contains("set fsdp_options::accumulate_steps and call "
                                                "step() after each, or run all but the last "

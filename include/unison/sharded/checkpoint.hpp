@@ -9,7 +9,7 @@
 /// nothing is lost to the 16-bit copy) and of every optimizer state slot to
 /// `dir/rank-R-of-W.bin`, fsyncs it and renames it into place; rank 0 then writes
 /// `dir/metadata` (tensor names, global element offsets, dtypes, file sizes and
-/// checksums, step counter, loss scale) the same way, last. A crash at any point
+/// checksums, step counters, loss scale) the same way, last. A crash at any point
 /// leaves either no metadata or a metadata whose files all verify.
 ///
 /// `load_checkpoint(dir, params, optimizer)` reads it back at any world size and any
@@ -38,6 +38,8 @@
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -290,6 +292,11 @@ void save_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
         }
         for (std::size_t id = 0; id < sp.parameter_count(); ++id) {
             m.tensors.push_back({sp.name(id), sp.numel(id)});
+            if constexpr (!std::is_same_v<Opt, void>) {
+                if (opt->steps_of(id) != opt->steps()) { // it sat some steps out
+                    m.tensor_steps.push_back({static_cast<std::uint32_t>(id), opt->steps_of(id)});
+                }
+            }
         }
         for (int w = 0; w < writers; ++w) {
             // Writers are the ranks of replica 0: world ranks 0 .. writers-1.
@@ -333,6 +340,7 @@ void load_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
     };
     std::vector<staged> stage;
     checkpoint::metadata meta;
+    std::vector<std::pair<std::size_t, std::uint64_t>> fewer_steps; // (id, steps)
     agree(comm, (dir / "metadata").string(), [&] {
         checkpoint::reader rd(dir);
         meta = rd.meta();
@@ -342,6 +350,10 @@ void load_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
             throw checkpoint_error(where, "holds " + std::to_string(meta.tensors.size()) +
                                               " tensors, the model has " +
                                               std::to_string(sp.parameter_count()) + " parameters");
+        }
+        std::vector<std::optional<std::uint64_t>> fewer_of(meta.tensors.size()); // by tensor
+        for (const checkpoint::tensor_step_entry& e : meta.tensor_steps) {
+            fewer_of[e.tensor] = e.steps;
         }
         for (std::size_t id = 0; id < sp.parameter_count(); ++id) {
             const std::ptrdiff_t t = rd.tensor(sp.name(id));
@@ -353,6 +365,9 @@ void load_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
                     where, "parameter '" + sp.name(id) + "' has " +
                                std::to_string(meta.tensors[static_cast<std::size_t>(t)].numel) +
                                " elements, the model's " + std::to_string(sp.numel(id)));
+            }
+            if (const auto steps = fewer_of[static_cast<std::size_t>(t)]) {
+                fewer_steps.emplace_back(id, *steps);
             }
         }
         if (rd.kind("param") < 0) {
@@ -414,7 +429,8 @@ void load_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
         std::memcpy(s.dst, s.bytes.data(), s.bytes.size());
     }
     if constexpr (!std::is_same_v<Opt, void>) {
-        opt->restore_counters(meta.step, meta.loss_scale, meta.good_steps);
+        opt->restore_counters(meta.step, meta.loss_scale, meta.good_steps,
+                              std::span<const std::pair<std::size_t, std::uint64_t>>(fewer_steps));
     }
 }
 

@@ -52,7 +52,11 @@
 /// `max_grad_norm`) and checks that every rank gathered and reduced the same units
 /// in the same order (otherwise every rank throws mismatch_error, the step not
 /// taken); it updates this rank's partition, publishes parameters where the
-/// strategy needs it, and zeroes the gradients for the next step.
+/// strategy needs it, and zeroes the gradients for the next step. Parameters named
+/// by `no_gradient(p)` (no rank gave them a gradient in the window) are left as
+/// they are, with their optimizer state and their own step count, as PyTorch's
+/// optimizers skip a parameter whose gradient is None (see
+/// fsdp_options::set_grads_to_none); checkpoints keep each parameter's step count.
 ///
 /// Not thread-safe; every rank runs the same units in the same order.
 
@@ -327,6 +331,19 @@ public:
         decay_[p.id()] = decay ? 1 : 0;
     }
 
+    /// Parameter `p` got no gradient in this window on any rank: the window's update
+    /// leaves it, its optimizer state and its step count as they are, as PyTorch's
+    /// optimizers skip a parameter whose gradient is None (with set_grads_to_none
+    /// false, only while no step has updated it yet; see fsdp_options). Its gradient
+    /// is still reduced (as zero). Every rank must name the same parameters, before
+    /// the step() that ends the window. unison::torch::fsdp calls it for the
+    /// parameters that no rank's backward reached.
+    void no_gradient(parameter_handle p) {
+        check(p, "no_gradient");
+        no_gradient_.resize(params_.parameter_count(), 0);
+        no_gradient_[p.id()] = 1;
+    }
+
     /// Checks that every rank added the same units with the same initial values and
     /// passed the same options that decide its collectives and its arithmetic, and
     /// allocates the optimizer state. Collective.
@@ -483,6 +500,8 @@ public:
     std::uint64_t recomputations() const noexcept { return recomputations_; }
     /// Micro-batches ended by step() in the current accumulate_steps window.
     int micro_batch() const noexcept { return micro_; }
+    /// Whether a no_sync() scope is live (step() refuses then).
+    bool in_no_sync() const noexcept { return no_sync_depth_ > 0; }
     /// Whether gradients of an unfinished accumulation window are held (after a
     /// step() that only accumulated, or inside no_sync()): checkpoints refuse then,
     /// as they do not carry gradients.
@@ -583,8 +602,7 @@ public:
             for (std::size_t k = 0; k < units_.size(); ++k) {
                 if (units_[k].active != phase::none) {
                     fail("step",
-                         "unit " + std::to_string(k) + " is still inside its " +
-                             phase_name(units_[k].active) +
+                         describe_unit(k) + " is still inside its " + phase_name(units_[k].active) +
                              " (after_forward/after_backward, or the scope's end, missing)");
                 }
             }
@@ -606,6 +624,9 @@ public:
                         s.reduced = false;
                     }
                     e.micro_ = last || !done ? 0 : e.micro_ + 1;
+                    if (last || !done) {
+                        e.no_gradient_.clear();
+                    }
                     e.observed_ = true;
                     e.cursor_[0] = e.cursor_[1] = 0;
                 }
@@ -626,6 +647,12 @@ public:
                 ended.done = true;
                 return step_result{.accumulated = true, .loss_scale = loss_scale()};
             }
+            for (std::size_t id = 0; id < no_gradient_.size(); ++id) {
+                if (no_gradient_[id] != 0 &&
+                    (options_.set_grads_to_none || optimizer_->steps_of(id) == 0)) {
+                    optimizer_->skip_next_update(id);
+                }
+            }
             const step_result r = optimizer_->step();
             params_.zero_grad();
             ended.done = true;
@@ -643,6 +670,12 @@ public:
     double loss_scale() const noexcept { return optimizer_ ? optimizer_->loss_scale() : 1.0; }
     /// Steps taken (skipped steps do not count).
     std::uint64_t steps() const noexcept { return optimizer_ ? optimizer_->steps() : 0; }
+    /// Steps that updated parameter `p`: steps() less those it sat out without a
+    /// gradient (no_gradient).
+    std::uint64_t steps_of(parameter_handle p) const {
+        check(p, "steps_of");
+        return optimizer_ ? optimizer_->steps_of(p.id()) : 0;
+    }
     /// Resident and transient bytes of parameters, gradients and master weights.
     memory_report memory() const { return params_.memory(); }
     /// Bytes of optimizer state on this rank.
@@ -736,11 +769,11 @@ private:
         const std::size_t k = check(u, what);
         unit_state& s = units_[k];
         if (s.active != phase::none) {
-            fail(what, "unit " + std::to_string(k) + " entered again before leaving its " +
-                           phase_name(s.active));
+            fail(what,
+                 describe_unit(k) + " entered again before leaving its " + phase_name(s.active));
         }
         if (p == phase::backward && s.reduced) {
-            fail(what, "unit " + std::to_string(k) +
+            fail(what, describe_unit(k) +
                            " entered backward after its gradients "
                            "were reduced in this step (" +
                            std::to_string(s.uses) + " forward use(s), " +
@@ -763,7 +796,7 @@ private:
         const std::size_t k = check(u, what);
         unit_state& s = units_[k];
         if (s.active != p) {
-            fail(what, "unit " + std::to_string(k) + " is not inside its " + phase_name(p));
+            fail(what, describe_unit(k) + " is not inside its " + phase_name(p));
         }
         s.active = phase::none;
         return k;
@@ -786,15 +819,16 @@ private:
     /// with the others' accumulating micro-batches. mismatch_error naming the field
     /// and the first rank that differs, on every rank.
     void verify_same_options() {
-        static constexpr const char* fields[] = {"accumulate_steps", "accumulate",
-                                                 "prefetch",         "max_live_units",
-                                                 "max_grad_norm",    "skip_nonfinite"};
+        static constexpr const char* fields[] = {
+            "accumulate_steps", "accumulate",     "prefetch",         "max_live_units",
+            "max_grad_norm",    "skip_nonfinite", "set_grads_to_none"};
         const std::vector<std::int64_t> mine{options_.accumulate_steps,
                                              static_cast<std::int64_t>(options_.accumulate),
                                              options_.prefetch,
                                              options_.max_live_units,
                                              std::bit_cast<std::int64_t>(options_.max_grad_norm),
-                                             options_.skip_nonfinite ? 1 : 0};
+                                             options_.skip_nonfinite ? 1 : 0,
+                                             options_.set_grads_to_none ? 1 : 0};
         auto show = [](std::size_t f, std::int64_t v) {
             if (f == 1) {
                 return std::string(v == 0 ? "accumulation::in_shard" : "accumulation::unsharded");
@@ -802,7 +836,7 @@ private:
             if (f == 4) {
                 return std::to_string(std::bit_cast<double>(v));
             }
-            if (f == 5) {
+            if (f >= 5) {
                 return std::string(v != 0 ? "true" : "false");
             }
             return std::to_string(v);
@@ -947,10 +981,11 @@ private:
     std::unique_ptr<
         detail::device_optimizer_step<optimizer_type, typename optimizer_state_type::compute_type>>
         device_step_;
-    std::vector<binder> binders_;       // by parameter id
-    std::vector<unit_state> units_;     // by unit index
-    std::vector<unsigned char> decay_;  // by parameter id, until start()
-    std::vector<std::size_t> order_[2]; // forward, backward order of the first step
+    std::vector<binder> binders_;            // by parameter id
+    std::vector<unit_state> units_;          // by unit index
+    std::vector<unsigned char> decay_;       // by parameter id, until start()
+    std::vector<unsigned char> no_gradient_; // by parameter id, in this window
+    std::vector<std::size_t> order_[2];      // forward, backward order of the first step
     std::size_t cursor_[2] = {0, 0};
     std::uint64_t recomputations_ = 0;
     int micro_ = 0;         // micro-batches ended in this accumulate_steps window

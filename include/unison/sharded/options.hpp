@@ -85,6 +85,14 @@ struct fsdp_options {
     int accumulate_steps = 1;
     /// How the micro-batches' gradients are summed where gradients are sharded.
     accumulation accumulate = accumulation::in_shard;
+    /// What the step leaves behind as the gradient of a parameter, as PyTorch's
+    /// `zero_grad(set_to_none)`, which decides what a later step does with a
+    /// parameter that got no gradient in its window (`fsdp::no_gradient`): true
+    /// (PyTorch 2's default, FSDP2's) leaves none, so the optimizer skips it; false
+    /// (LibTorch 1.x's in-place zeroing) leaves a zero gradient once the parameter
+    /// has been updated, which the optimizer applies (weight decay and momentum move
+    /// it). A parameter never updated is skipped either way.
+    bool set_grads_to_none = true;
 };
 
 } // namespace unison

@@ -14,7 +14,11 @@
 ///     `growth_interval` clean steps (PyTorch's GradScaler rules);
 ///   - the ranks issued the same unit collectives since the last step (the
 ///     parameters' fingerprint): otherwise every rank throws mismatch_error naming
-///     a rank that differs, before anything is written.
+///     a rank that differs, before anything is written;
+///   - a parameter that had no gradient (`skip_next_update`, the same on every
+///     rank) is left as it is, with its state and its own step count, as PyTorch's
+///     optimizers skip a parameter whose gradient is None; each parameter's bias
+///     corrections count its own steps.
 ///
 /// The strategy and communicator are those of the sharded_parameters it is built
 /// on: the whole unit is updated when the optimizer state is replicated, the owned
@@ -144,6 +148,24 @@ public:
     std::uint64_t good_steps() const noexcept { return good_steps_; }
     /// Steps taken (skipped steps do not count), PyTorch's `step` state.
     std::uint64_t steps() const noexcept { return step_; }
+    /// Steps that updated parameter `id`: steps() less those it sat out without a
+    /// gradient (its own `step` in PyTorch's per-parameter state).
+    std::uint64_t steps_of(std::size_t id) const noexcept {
+        return param_steps_.empty() ? step_ : param_steps_[id];
+    }
+
+    /// The next step leaves parameter `id`, its optimizer state and its step count
+    /// as they are: it had no gradient (PyTorch skips a parameter whose gradient is
+    /// None). Every rank must skip the same parameters. A step skipped as a whole
+    /// (inf/nan) forgets these.
+    void skip_next_update(std::size_t id) {
+        if (id >= params_->parameter_count()) {
+            params_->fail("partitioned_optimizer skip_next_update",
+                          "no parameter " + std::to_string(id));
+        }
+        skip_.resize(params_->parameter_count(), 0);
+        skip_[id] = 1;
+    }
 
     /// Completes the gradient reductions, checks and clips, and updates this rank's
     /// partition; then (strategies that publish) all-gathers the new parameters.
@@ -160,6 +182,10 @@ public:
         }
         step_result result;
         result.loss_scale = scale_;
+        struct forget_skips { // whatever happens to this step
+            std::vector<std::uint8_t>& skip;
+            ~forget_skips() { skip.clear(); }
+        } forget{skip_};
 
         detail::step_statistics stats;
         last_fingerprint_ = params_->issued_fingerprint();
@@ -196,16 +222,15 @@ public:
         }
         const double grad_scale = result.clip_coefficient / scale_;
 
+        if (!skip_.empty() && param_steps_.empty()) {
+            param_steps_.assign(params_->parameter_count(), step_);
+        }
         ++step_;
-        const auto constants = hyper_.template prepare<compute_type>(step_);
-        auto constants_no_decay = constants;
-        if constexpr (has_weight_decay) {
-            O plain = hyper_;
-            plain.weight_decay = 0.0;
-            constants_no_decay = plain.template prepare<compute_type>(step_);
+        for (std::size_t id = 0; id < param_steps_.size(); ++id) {
+            param_steps_[id] += skip_.empty() || skip_[id] == 0 ? 1 : 0;
         }
         for (std::size_t k = 0; k < params_->unit_count(); ++k) {
-            update_unit(k, constants, constants_no_decay, static_cast<compute_type>(grad_scale));
+            update_unit(k, static_cast<compute_type>(grad_scale));
         }
         params_->publish_parameters();
 
@@ -244,9 +269,18 @@ public:
         return n;
     }
 
-    /// Restores the counters a checkpoint recorded.
-    void restore_counters(std::uint64_t steps, double loss_scale, std::uint64_t good_steps) {
+    /// Restores the counters a checkpoint recorded: `fewer` lists the parameters
+    /// (id, steps) that took fewer steps than `steps`.
+    void restore_counters(std::uint64_t steps, double loss_scale, std::uint64_t good_steps,
+                          std::span<const std::pair<std::size_t, std::uint64_t>> fewer = {}) {
         step_ = steps;
+        param_steps_.clear();
+        if (!fewer.empty()) {
+            param_steps_.assign(params_->parameter_count(), steps);
+            for (const auto& [id, n] : fewer) {
+                param_steps_.at(id) = n;
+            }
+        }
         if (scaling_) {
             scale_ = loss_scale;
             good_steps_ = good_steps;
@@ -325,26 +359,55 @@ private:
         nonfinite += s.nonfinite;
     }
 
-    template <class Constants>
-    void update_unit(std::size_t k, const Constants& c, const Constants& c_no_decay,
-                     compute_type grad_scale) {
+    /// The optimizer's constants for a parameter at its step `steps`, with or
+    /// without weight decay.
+    auto constants(std::uint64_t steps, [[maybe_unused]] bool decay) const {
+        if constexpr (has_weight_decay) {
+            if (!decay) {
+                O plain = hyper_;
+                plain.weight_decay = 0.0;
+                return plain.template prepare<compute_type>(steps);
+            }
+        }
+        return hyper_.template prepare<compute_type>(steps);
+    }
+
+    /// Updates this rank's partition of unit `k`. While every parameter has taken
+    /// every step, the partition runs as one piece, or as pieces split where weight
+    /// decay changes; otherwise each parameter runs with its own step's constants,
+    /// and those without a gradient this step not at all (padding never needs an
+    /// update: its gradient and value stay zero).
+    void update_unit(std::size_t k, compute_type grad_scale) {
         auto part = params_->partition_of(k);
-        // Pieces of the partition with one set of constants: parameters without
-        // weight decay use c_no_decay; everything else (padding included) c.
-        std::size_t at = part.range.begin;
         const auto [first, last] = params_->parameters_of(k);
+        const auto overlap = [&](std::size_t id) {
+            return std::pair{std::max(params_->offset_of(id), part.range.begin),
+                             std::min(params_->offset_of(id) + params_->numel(id), part.range.end)};
+        };
+        if (!param_steps_.empty()) {
+            for (std::size_t id = first; id < last; ++id) {
+                const auto [b, e] = overlap(id);
+                if (b < e && (skip_.empty() || skip_[id] == 0)) {
+                    const bool decay = no_decay_.empty() || !no_decay_[id];
+                    update_elements(k, part, b, e, constants(param_steps_[id], decay), grad_scale);
+                }
+            }
+            return;
+        }
+        // Pieces of the partition with one set of constants: parameters without
+        // weight decay use their own; everything else (padding included) c.
+        const auto c = constants(step_, true);
+        std::size_t at = part.range.begin;
         for (std::size_t id = first; id < last && !no_decay_.empty(); ++id) {
             if (!no_decay_[id]) {
                 continue;
             }
-            const std::size_t b = std::max(params_->offset_of(id), part.range.begin);
-            const std::size_t e =
-                std::min(params_->offset_of(id) + params_->numel(id), part.range.end);
+            const auto [b, e] = overlap(id);
             if (b >= e) {
                 continue;
             }
             update_elements(k, part, at, b, c, grad_scale);
-            update_elements(k, part, b, e, c_no_decay, grad_scale);
+            update_elements(k, part, b, e, constants(step_, false), grad_scale);
             at = e;
         }
         update_elements(k, part, at, part.range.end, c, grad_scale);
@@ -399,6 +462,9 @@ private:
     std::unique_ptr<detail::device_plan> norm_plan_; // device state: the owned shards
     detail::flat_buffer stats_;                      // device state: the step's statistics
     std::vector<bool> no_decay_; // by parameter id; empty while every parameter decays
+    /// By parameter id: steps each took; empty while every parameter took every step.
+    std::vector<std::uint64_t> param_steps_;
+    std::vector<std::uint8_t> skip_; // by parameter id, for the next step; empty: none
 };
 
 } // namespace unison
