@@ -34,12 +34,22 @@ typename Engine::options_type torch_fsdp_options(int ranks) {
 }
 
 /// One single-process AdamW step of `reference` on global batch `step`, then every
-/// full parameter of `engine` compared with the reference's.
+/// full parameter of `engine` compared with the reference's. The reference's
+/// gradients are set to undefined before its backward (`set_to_none`, PyTorch 2's
+/// zero_grad) or zeroed in place (LibTorch 1.x's): a parameter its forward did not
+/// use has no gradient, or (in place, once it had one) a zero one.
 template <class Engine, class Model>
 void torch_fsdp_compare_step(Engine& engine, Model& reference, ::torch::optim::AdamW& ref_opt,
-                             const tm::dataset& data, int step, double tol, outcome& o) {
+                             const tm::dataset& data, int step, double tol, outcome& o,
+                             bool set_to_none = true) {
     const std::int64_t base = step * torch_global_batch;
-    tm::zero_gradients(reference); // unused parameters get zero, as the engine gives them
+    if (set_to_none) {
+        for (at::Tensor& p : reference.parameters()) {
+            p.mutable_grad() = at::Tensor();
+        }
+    } else {
+        ref_opt.zero_grad();
+    }
     ::torch::nn::functional::cross_entropy(
         reference.forward(data.x.narrow(0, base, torch_global_batch)),
         data.y.narrow(0, base, torch_global_batch))
@@ -67,9 +77,11 @@ void torch_fsdp_compare_step(Engine& engine, Model& reference, ::torch::optim::A
 template <communicator C, class Engine, class Model>
 void torch_fsdp_train(C& comm, Engine& engine, Model& model, Model& reference,
                       ::torch::optim::AdamW& ref_opt, const tm::dataset& data, int first, int last,
-                      double tol, outcome& o) {
+                      double tol, outcome& o, bool set_to_none = true) {
     const std::int64_t shard = torch_global_batch / comm.size();
     for (int step = first; step < last && o.first.empty(); ++step) {
+        model.use_spare(Model::spare_step(step));
+        reference.use_spare(Model::spare_step(step));
         const std::int64_t base = step * torch_global_batch;
         const at::Tensor x = data.x.narrow(0, base + comm.rank() * shard, shard);
         const at::Tensor y = data.y.narrow(0, base + comm.rank() * shard, shard);
@@ -77,7 +89,7 @@ void torch_fsdp_train(C& comm, Engine& engine, Model& model, Model& reference,
             engine.forward([&] { return model.forward(x); }), y);
         loss.backward();
         engine.step();
-        torch_fsdp_compare_step(engine, reference, ref_opt, data, step, tol, o);
+        torch_fsdp_compare_step(engine, reference, ref_opt, data, step, tol, o, set_to_none);
     }
 }
 
@@ -119,7 +131,6 @@ void torch_fsdp_accumulation_case(C& comm, torch_window how, c10::ScalarType dty
     options.accumulate =
         how == torch_window::unsharded ? accumulation::unsharded : accumulation::in_shard;
     engine_type engine(comm, model, model->units(), options);
-    tm::zero_gradients(*reference);
     auto ref_opt = adamw(reference->parameters());
 
     outcome o;
@@ -186,12 +197,14 @@ std::filesystem::path torch_shared_path(C& comm, const std::string& what) {
 
 /// FSDP of a stack of `Block`s with `Policies` against single-process AdamW: every
 /// parameter within `tol` after every step, and the saved full model equal to the
-/// reference.
+/// reference. `set_to_none`: the engine's fsdp_options::set_grads_to_none, and how
+/// the reference zeroes its gradients.
 template <class Block, class... Policies, communicator C>
 void torch_fsdp_case(C& comm, tm::stacking how, c10::ScalarType dtype, double tol,
-                     const std::string& what) {
+                     const std::string& what, bool set_to_none = true) {
     using engine_type = torch::fsdp<C, Policies...>;
-    const std::string label = what + ", " + c10::toString(dtype);
+    const std::string label =
+        what + ", " + c10::toString(dtype) + (set_to_none ? "" : ", gradients zeroed in place");
     CAPTURE(label);
     const auto n = comm.size();
     const auto rank = comm.rank();
@@ -202,14 +215,16 @@ void torch_fsdp_case(C& comm, tm::stacking how, c10::ScalarType dtype, double to
     // Recomputation is checked against the same model without it.
     auto reference = tm::make_stack<Block>(
         how == tm::stacking::recompute ? tm::stacking::plain : how, dtype, 100);
-    engine_type engine(comm, model, model->units(), torch_fsdp_options<engine_type>(n));
-    tm::zero_gradients(*reference);
+    auto options = torch_fsdp_options<engine_type>(n);
+    options.set_grads_to_none = set_to_none;
+    engine_type engine(comm, model, model->units(), options);
     auto ref_opt = adamw(reference->parameters());
 
     outcome o;
     o.expect(engine.unit_count() == model->blocks.size() + 1,
              "a unit per block and the root: " + std::to_string(engine.unit_count()));
-    torch_fsdp_train(comm, engine, *model, *reference, ref_opt, data, 0, torch_steps, tol, o);
+    torch_fsdp_train(comm, engine, *model, *reference, ref_opt, data, 0, torch_steps, tol, o,
+                     set_to_none);
     const std::uint64_t recomputed = how == tm::stacking::recompute ? model->blocks.size() : 0;
     o.expect(engine.engine().recomputations() == recomputed * torch_steps,
              "the engine recomputed " + std::to_string(engine.engine().recomputations()) +
@@ -225,6 +240,7 @@ void torch_fsdp_case(C& comm, tm::stacking how, c10::ScalarType dtype, double to
     all_reduce(comm, sync); // the file is complete before anyone reads it
     auto plain = tm::make_stack<Block>(how, dtype, 999);
     ::torch::load(plain, path.string());
+    reference->use_spare(false);
     all_reduce(comm, sync); // everyone has read it before rank 0 removes it
     if (rank == 0) {
         std::filesystem::remove(path);
@@ -267,7 +283,9 @@ void torch_fsdp_training_cases(C& comm) {
 
 /// Checkpoint and resume: half the steps, save_checkpoint, then a new engine on a
 /// model drawn from another seed loads the checkpoint and trains the other half;
-/// every step equals the reference's uninterrupted training.
+/// every step equals the reference's uninterrupted training. Block 1's spare layer
+/// is used one step in three, so its own step count (AdamW's bias corrections) is
+/// behind the others' when the checkpoint is written and must resume as it was.
 template <class... Policies, communicator C>
 void torch_fsdp_resume_case(C& comm, double tol, const std::string& what) {
     using engine_type = torch::fsdp<C, Policies...>;
@@ -275,20 +293,19 @@ void torch_fsdp_resume_case(C& comm, double tol, const std::string& what) {
     CAPTURE(what);
     const tm::dataset data = tm::make_data(tm::stack_input_width<ffn>(), at::kDouble,
                                            torch_global_batch * torch_steps, 13);
-    auto reference = tm::make_stack<ffn>(tm::stacking::plain, at::kDouble, 100);
-    tm::zero_gradients(*reference);
+    auto reference = tm::make_stack<ffn>(tm::stacking::sometimes, at::kDouble, 100);
     auto ref_opt = adamw(reference->parameters());
     const std::filesystem::path dir = torch_shared_path(comm, "checkpoint");
     outcome o;
     {
-        auto model = tm::make_stack<ffn>(tm::stacking::plain, at::kDouble, 100);
+        auto model = tm::make_stack<ffn>(tm::stacking::sometimes, at::kDouble, 100);
         engine_type engine(comm, model, model->units(),
                            torch_fsdp_options<engine_type>(comm.size()));
         torch_fsdp_train(comm, engine, *model, *reference, ref_opt, data, 0, torch_steps / 2, tol,
                          o);
         save_checkpoint(dir, engine);
     }
-    auto model = tm::make_stack<ffn>(tm::stacking::plain, at::kDouble, 555);
+    auto model = tm::make_stack<ffn>(tm::stacking::sometimes, at::kDouble, 555);
     engine_type engine(comm, model, model->units(), torch_fsdp_options<engine_type>(comm.size()));
     load_checkpoint(dir, engine);
     o.expect(engine.engine().steps() == static_cast<std::uint64_t>(torch_steps / 2),
@@ -416,10 +433,22 @@ void torch_fsdp_unit_cases(C& comm) {
                                            "ffn, block 0 twice, full");
     torch_fsdp_case<ffn, shard::grad_op, f64>(comm, stacking::reuse_first, at::kDouble, 1e-12,
                                               "ffn, block 0 twice, grad_op");
-    // A layer forward never uses: reduced as zero, updated by AdamW's weight decay as
-    // the reference's zero gradient is.
+    // A layer forward never uses has no gradient, as in one process: AdamW leaves it
+    // (a zero gradient would have weight decay shrink it every step), whether the
+    // step sets gradients to none or zeroes them in place.
     torch_fsdp_case<ffn, shard::full, f64>(comm, stacking::spare, at::kDouble, 1e-12,
                                            "ffn, an unused layer, full");
+    torch_fsdp_case<ffn, zero<2>, f64>(comm, stacking::spare, at::kDouble, 1e-12,
+                                       "ffn, an unused layer, zero<2>", false);
+    // A layer used one step in three: skipped in the others with its own step count
+    // (AdamW's bias corrections) when gradients are set to none; updated with a zero
+    // gradient after its first use when they are zeroed in place.
+    torch_fsdp_case<ffn, shard::full, f64>(comm, stacking::sometimes, at::kDouble, 1e-12,
+                                           "ffn, a layer used now and then, full");
+    torch_fsdp_case<ffn, shard::hybrid, f64>(comm, stacking::sometimes, at::kDouble, 1e-12,
+                                             "ffn, a layer used now and then, hybrid");
+    torch_fsdp_case<ffn, zero<1>, f64>(comm, stacking::sometimes, at::kDouble, 1e-12,
+                                       "ffn, a layer used now and then, zero<1>", false);
     // Every block's activations recomputed in backward (each unit regathered for
     // its re-run where it was released), against the model without recomputation.
     torch_fsdp_case<ffn, shard::full, f64>(comm, stacking::recompute, at::kDouble, 1e-12,

@@ -105,7 +105,7 @@ struct unused_head_net : mlp {
 };
 
 /// A residual feed-forward block on [batch, width]; with `spare`, a layer that
-/// forward never uses.
+/// forward uses only while `use_spare` is set.
 struct ffn : ::torch::nn::Module {
     explicit ffn(bool with_spare = false) {
         fc1 = register_module("fc1", ::torch::nn::Linear(width, 2 * width));
@@ -114,8 +114,12 @@ struct ffn : ::torch::nn::Module {
             spare = register_module("spare", ::torch::nn::Linear(width, width));
         }
     }
-    at::Tensor forward(const at::Tensor& h) { return h + fc2(::torch::silu(fc1(h))); }
+    at::Tensor forward(const at::Tensor& h) {
+        const at::Tensor out = h + fc2(::torch::silu(fc1(h)));
+        return use_spare ? out + spare(h) : out;
+    }
     ::torch::nn::Linear fc1{nullptr}, fc2{nullptr}, spare{nullptr};
+    bool use_spare = false;
 };
 
 /// What a sharded model's forward does with its blocks.
@@ -123,6 +127,7 @@ enum class stacking {
     plain,       ///< each block once
     reuse_first, ///< block 0 twice (a unit used twice in one forward)
     spare,       ///< block 1 has a layer forward never uses
+    sometimes,   ///< block 1 has a layer forward uses only in the steps use_spare says
     recompute,   ///< every block's activations recomputed in backward
 };
 
@@ -136,9 +141,11 @@ struct stack : net {
     explicit stack(stacking how, int depth = 3) : how_(how) {
         stem = register_module("stem", ::torch::nn::Linear(tokens ? width : features, width));
         for (int i = 0; i < depth; ++i) {
-            blocks.push_back(register_module("block" + std::to_string(i),
-                                             tokens ? std::make_shared<Block>()
-                                                    : make_ffn(how == stacking::spare && i == 1)));
+            blocks.push_back(register_module(
+                "block" + std::to_string(i),
+                tokens
+                    ? std::make_shared<Block>()
+                    : make_ffn(i == 1 && (how == stacking::spare || how == stacking::sometimes))));
         }
         head = register_module("head", ::torch::nn::Linear(width, classes));
     }
@@ -161,6 +168,18 @@ struct stack : net {
         }
         return head(tokens ? h.mean(1) : h);
     }
+    /// stacking::sometimes: whether block 1's spare layer takes part in the next
+    /// forward (nothing otherwise).
+    void use_spare(bool on) {
+        if constexpr (!tokens) {
+            if (how_ == stacking::sometimes) {
+                blocks[1]->use_spare = on;
+            }
+        }
+    }
+    /// Whether stacking::sometimes uses the spare layer in step `step`: one step in
+    /// three, so that it sits out most steps and its step count falls behind.
+    static bool spare_step(int step) { return step % 3 == 1; }
     /// The units an engine takes: the blocks.
     std::vector<std::shared_ptr<::torch::nn::Module>> units() const {
         return {blocks.begin(), blocks.end()};

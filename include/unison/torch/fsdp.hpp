@@ -45,7 +45,12 @@
 /// backward: autograd sums each parameter's gradient over the k uses before its
 /// hook runs. Parameters of a unit that get no gradient in a backward are reduced
 /// as zero when backward ends (autograd's final callback); units whose forward did
-/// not reach the loss, in step().
+/// not reach the loss, in step(). A parameter that no rank's backward reached in a
+/// step's window has no gradient, as in one process: the step leaves it, its
+/// optimizer state and its step count as they are (one small all-reduce per step
+/// decides it; `set_grads_to_none = false` in the options gives LibTorch 1.x's
+/// in-place zero_grad instead: once updated, such a parameter is updated with a
+/// zero gradient).
 ///
 /// Gradient accumulation (several micro-batches, each with its forward and
 /// backward, one optimizer step): either set `accumulate_steps` (and `accumulate`)
@@ -362,7 +367,25 @@ public:
     /// optimizer on this rank's shard, the gradients zeroed). Collective. With
     /// accumulate_steps, call it after every micro-batch: only the window's last
     /// updates.
-    step_result step() { return engine_.step(); }
+    step_result step() {
+        if (engine_.in_no_sync()) {
+            return engine_.step(); // refused, saying what to do
+        }
+        if (engine_.last_micro_batch()) {
+            mark_parameters_without_gradient();
+        }
+        step_result r;
+        try {
+            r = engine_.step();
+        } catch (...) {
+            present_.clear(); // the engine ended the window
+            throw;
+        }
+        if (!r.accumulated) {
+            present_.clear();
+        }
+        return r;
+    }
 
     /// Backward passes inside the returned scope add to each parameter's full
     /// gradient on this rank and reduce nothing (PyTorch FSDP's no_sync): run every
@@ -766,8 +789,24 @@ private:
                  ": a parameter must be used only inside its unit's forward (through "
                  "unit_forward)");
         }
+        present_.resize(slots_.size(), 0);
+        present_[i] = 1;
         if (++info.ready == info.slots.size()) {
             complete(slots_[i].unit);
+        }
+    }
+
+    /// Parameters that no rank's backward reached in this window have no gradient
+    /// in one process either: the engine's update leaves them as they are (one
+    /// small all-reduce decides it alike on every rank).
+    void mark_parameters_without_gradient() {
+        present_.resize(slots_.size(), 0);
+        unison::detail::control_all_reduce(engine_.communicator(), engine_.parameters().placement(),
+                                           std::span<std::int64_t>(present_), reduce_op::max);
+        for (std::size_t i = 0; i < slots_.size(); ++i) {
+            if (present_[i] == 0) {
+                engine_.no_gradient(slots_[i].handle);
+            }
         }
     }
 
@@ -823,6 +862,8 @@ private:
     std::optional<unison::device> placed_; ///< the device setup's GPU; host when none
     detail::backward_thread_guard guard_;
     engine_type engine_;
+    /// By slot: whether its gradient was accumulated in this window on this rank.
+    std::vector<std::int64_t> present_;
     bool callback_queued_ = false;
     bool detached_ = false; ///< destroying: the module no longer follows the engine
 };
