@@ -159,6 +159,122 @@ void torch_ddp_case(C& comm, tm::kind k, c10::ScalarType dtype, torch_loop loop,
     UNISON_CHECK_CASE(comm, label, o);
 }
 
+/// Mixed precision through torch::ddp, as a LibTorch user runs it: a bf16 model
+/// whose gradients are reduced in f32 buckets (policy::mixed_precision<bf16, f32>),
+/// the user's AdamW on f32 master copies that are cast back into the model after
+/// each step. Against one process that computes each rank's share in bf16, sums the
+/// bf16 gradients in f32 and averages them into bf16 as the engine does.
+template <communicator C>
+void torch_ddp_mixed_precision_case(C& comm) {
+    using engine_type = torch::ddp<C, policy::mixed_precision<dtype::bf16, dtype::f32>>;
+    const std::string label = "MLP, bf16 parameters, f32 reduction and master weights";
+    CAPTURE(label);
+    const int n = comm.size();
+    const std::int64_t shard = torch_global_batch / n;
+    const tm::dataset data =
+        tm::make_data(tm::kind::mlp, at::kBFloat16, torch_global_batch * torch_steps, 19);
+    auto model =
+        tm::make(tm::kind::mlp, at::kBFloat16, 100 + static_cast<std::uint64_t>(comm.rank()));
+    engine_type dp(comm, model);
+    const std::vector<at::Tensor> params = model->parameters();
+    std::vector<at::Tensor> masters; // the user's: f32 copies of the broadcast values
+    for (const at::Tensor& p : params) {
+        masters.push_back(p.detach().to(at::kFloat));
+    }
+    auto opt = adamw(masters);
+
+    auto compute = tm::make(tm::kind::mlp, at::kBFloat16, 100);
+    const std::vector<at::Tensor> copies = compute->parameters();
+    std::vector<at::Tensor> ref_masters;
+    for (const at::Tensor& p : copies) {
+        ref_masters.push_back(p.detach().to(at::kFloat));
+    }
+    auto ref_opt = adamw(ref_masters);
+
+    outcome o;
+    for (int step = 0; step < torch_steps && o.first.empty(); ++step) {
+        const std::int64_t base = step * torch_global_batch;
+        for (const at::Tensor& p : params) {
+            p.mutable_grad() = at::Tensor();
+        }
+        const at::Tensor loss = ::torch::nn::functional::cross_entropy(
+            model->forward(data.x.narrow(0, base + comm.rank() * shard, shard)),
+            data.y.narrow(0, base + comm.rank() * shard, shard));
+        loss.backward();
+        for (std::size_t k = 0; k < params.size(); ++k) {
+            o.expect(params[k].grad().defined() && params[k].grad().scalar_type() == at::kBFloat16,
+                     "step " + std::to_string(step) + ": parameter " + std::to_string(k) +
+                         " has no bf16 gradient");
+            masters[k].mutable_grad() = params[k].grad().to(at::kFloat);
+        }
+        std::vector<at::Tensor> grads; // the engine's averages, to compare below
+        for (const at::Tensor& m : masters) {
+            grads.push_back(m.grad().clone());
+        }
+        opt.step();
+        {
+            ::torch::NoGradGuard no_grad;
+            for (std::size_t k = 0; k < params.size(); ++k) {
+                params[k].copy_(masters[k]);
+            }
+        }
+
+        std::vector<at::Tensor> sums;
+        double ref_loss = 0.0;
+        for (int r = 0; r < n; ++r) {
+            {
+                ::torch::NoGradGuard no_grad;
+                for (std::size_t k = 0; k < copies.size(); ++k) {
+                    copies[k].copy_(ref_masters[k]);
+                    copies[k].mutable_grad() = at::Tensor();
+                }
+            }
+            const at::Tensor l = ::torch::nn::functional::cross_entropy(
+                compute->forward(data.x.narrow(0, base + r * shard, shard)),
+                data.y.narrow(0, base + r * shard, shard));
+            l.backward();
+            if (r == comm.rank()) {
+                ref_loss = l.template item<double>();
+            }
+            for (std::size_t k = 0; k < copies.size(); ++k) {
+                const at::Tensor g = copies[k].grad().to(at::kFloat);
+                if (r == 0) {
+                    sums.push_back(g);
+                } else {
+                    sums[k] = sums[k] + g;
+                }
+            }
+        }
+        for (std::size_t k = 0; k < ref_masters.size(); ++k) {
+            ref_masters[k].mutable_grad() =
+                (sums[k] / static_cast<float>(n)).to(at::kBFloat16).to(at::kFloat);
+        }
+        ref_opt.step();
+
+        const double got = loss.template item<double>();
+        o.expect(std::abs(got - ref_loss) <= 3e-2 * std::abs(ref_loss), [&] {
+            return "step " + std::to_string(step) + " loss " + std::to_string(got) +
+                   ", the reference's " + std::to_string(ref_loss);
+        });
+        for (std::size_t k = 0; k < masters.size(); ++k) {
+            // Sums of three or four ranks' f32 values in another order can round to
+            // the other bf16 neighbour: 1e-2 of the tensor's scale (a gradient summed
+            // but not averaged is off by the number of ranks).
+            const double gerr = tm::relative_error(grads[k], ref_masters[k].grad());
+            o.expect(gerr <= 1e-2, [&] {
+                return "step " + std::to_string(step) + " gradient " + std::to_string(k) +
+                       " relative error " + std::to_string(gerr);
+            });
+            const double err = tm::relative_error(masters[k], ref_masters[k]);
+            o.expect(err <= 1e-2, [&] {
+                return "step " + std::to_string(step) + " master weight " + std::to_string(k) +
+                       " relative error " + std::to_string(err);
+            });
+        }
+    }
+    UNISON_CHECK_CASE(comm, label, o);
+}
+
 template <communicator C>
 void torch_ddp_training_cases(C& comm) {
     using tm::kind;
@@ -181,6 +297,7 @@ void torch_ddp_training_cases(C& comm) {
     torch_ddp_case(comm, kind::unused_head, at::kDouble, torch_loop::set_to_none, 1e-12);
     torch_ddp_case<policy::gradients_in_buckets>(comm, kind::unused_head, at::kDouble,
                                                  torch_loop::set_to_none, 1e-12);
+    torch_ddp_mixed_precision_case(comm);
 }
 
 template <communicator C>
