@@ -25,6 +25,18 @@ launch=(mpiexec --oversubscribe)
 if [[ $(id -u) == 0 ]]; then
     launch+=(--allow-run-as-root)
 fi
+if [[ ! -x $unison_binary ]]; then
+    echo "fsdp_transformer_vs_fsdp2.sh: $unison_binary is not an executable (build the" \
+        "fsdp_transformer example first)" >&2
+    exit 2
+fi
+if ! "$python" -c 'from torch.distributed.fsdp import fully_shard' >/dev/null 2>&1; then
+    echo "fsdp_transformer_vs_fsdp2.sh: $python has no torch 2 with FSDP2" \
+        "(torch.distributed.fsdp.fully_shard), which the PyTorch side needs." >&2
+    echo "  python3 -m venv venv && venv/bin/pip install torch" >&2
+    echo "  PYTHON=venv/bin/python bash $0 $unison_binary" >&2
+    exit 2
+fi
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 
@@ -41,7 +53,7 @@ run_cpp() { # name ranks batch binary [options]
 run_torch() { # name [--plain]
     local out="$log/$1.$RANDOM"
     "$python" "$here/torch_fsdp_transformer.py" --steps "$steps" "${@:2}" >"$out" 2>&1 ||
-        { cat "$out"; return 1; }
+        { cat "$out" >&2; return 1; }
     awk '/^rank [0-9]+: time/ {if (t == "") t = $4; r = r " " $13} END {print t r}' "$out"
     # each process's resident memory before the model: PyTorch's own floor
     awk '/^rank [0-9]+: time/ {f = $18} END {print "torch-floor 0 " f}' \
@@ -49,19 +61,24 @@ run_torch() { # name [--plain]
 }
 
 results="$log/results"
+# One row of results: "name fields..."; a run that failed stops the script.
+row() { # name command...
+    local got
+    got=$("${@:2}") || { echo "fsdp_transformer_vs_fsdp2.sh: the $1 run failed" >&2; exit 1; }
+    echo "$1 $got" | tee -a "$results"
+}
 for ((round = 1; round <= rounds; ++round)); do
-    echo "unison $(run_cpp unison 2 32 "$unison_binary")" | tee -a "$results"
+    row unison run_cpp unison 2 32 "$unison_binary"
     if [[ -n $other ]]; then
-        echo "other $(run_cpp other 2 32 "$other")" | tee -a "$results"
+        row other run_cpp other 2 32 "$other"
     fi
-    echo "fsdp2 $(run_torch fsdp2)" | tee -a "$results"
-    echo "unison-1-rank $(run_cpp unison1 1 16 "$unison_binary")" | tee -a "$results"
-    echo "torch-plain $(run_torch plain --plain)" | tee -a "$results"
+    row fsdp2 run_torch fsdp2
+    row unison-1-rank run_cpp unison1 1 16 "$unison_binary"
+    row torch-plain run_torch plain --plain
 done
 # The process's own floor (LibTorch, MPI, the example's text): a model of 30 k
 # parameters; PyTorch's floor is what each of its processes held before the model.
-floor=$(steps=2 run_cpp floor 2 2 "$unison_binary" --layers 1 --d-model 32 --heads 2)
-echo "unison-floor $floor" | tee -a "$results"
+steps=2 row unison-floor run_cpp floor 2 2 "$unison_binary" --layers 1 --d-model 32 --heads 2
 cat "$log/floors" >>"$results"
 
 echo
