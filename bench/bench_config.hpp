@@ -86,6 +86,7 @@ struct bench_config {
     /// empty: the environment's (UNISON_ALGORITHM, else the tuning's).
     std::vector<algorithm> algorithms;
     bool help = false;
+    bool version = false; // --version: print it and exit
     /// argv[0]'s last component: "unison-bench", or an nccl-tests binary's name such
     /// as "all_reduce_perf", which selects the collective.
     std::string program_name = "unison-bench";
@@ -226,6 +227,7 @@ out of place and in place).
                              the records' algorithm field say which ran at each
                              size [UNISON_ALGORITHM, else automatic]
   -h, --help                 this text
+  --version                  the program's and unison's version
 
 Started under an nccl-tests binary's name (a link named all_reduce_perf,
 all_gather_perf, reduce_scatter_perf or broadcast_perf; the build makes them
@@ -377,7 +379,7 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
         {'\0', "min-busbw", true},   {'i', "stepbytes", true},
         {'T', "timeout", true},      {'C', "report_cputime", true},
         {'J', "output_file", true},  {'\0', "rounds", true},
-        {'\0', "algorithm", true},
+        {'\0', "algorithm", true},   {'\0', "version", false},
     };
 
     bench_config cfg;
@@ -552,6 +554,10 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
             cfg.help = true;
             break;
         default:
+            if (spec->long_name == "version") {
+                cfg.version = true;
+                break;
+            }
             if (spec->long_name == "format") {
                 if (value == "text") {
                     cfg.format = output_format::text;
@@ -591,7 +597,7 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
             break;
         }
     }
-    if (cfg.help) {
+    if (cfg.help || cfg.version) {
         return cfg;
     }
     if (const auto named = collective_of_program(cfg.program_name)) {

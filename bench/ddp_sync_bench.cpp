@@ -48,6 +48,7 @@
 #include <unison/core.hpp>
 #include <unison/ddp.hpp>
 #include <unison/thread.hpp>
+#include <unison/version.hpp>
 
 #if UNISON_HAS_MPI()
 #include <unison/mpi.hpp>
@@ -138,6 +139,7 @@ struct ddp_bench_config {
     bool print_shapes = false;
     bool json = false;
     bool help = false;
+    bool version = false; // --version: print it and exit
 };
 
 class usage_error : public std::runtime_error {
@@ -169,6 +171,7 @@ and minimum over -n iterations. GB/s = gradient bytes / median time.
       --print-shapes         print the parameter list and exit
       --format <fmt>         text or json [text]
   -h, --help                 this text
+      --version              the program's and unison's version
 
 The exit status is 0, 1 when a result was wrong, 2 for a bad command line.
 )";
@@ -210,6 +213,8 @@ ddp_bench_config parse_command_line(int argc, const char* const* argv) {
         };
         if (arg == "-h" || arg == "--help") {
             cfg.help = true;
+        } else if (arg == "--version") {
+            cfg.version = true;
         } else if (arg == "-B" || arg == "--backend") {
             const std::string_view v = value();
             if (v != "thread" && v != "mpi") {
@@ -846,6 +851,12 @@ int main(int argc, char** argv) {
         if (cfg.help) {
             if (launch_rank() == 0) {
                 std::fputs(usage_text().c_str(), stdout);
+            }
+            return 0;
+        }
+        if (cfg.version) {
+            if (launch_rank() == 0) {
+                std::printf("unison-ddp-bench (unison %s)\n", unison::version_string);
             }
             return 0;
         }

@@ -15,6 +15,7 @@
 /// and the run exits 1.
 
 #include <unison/rendezvous.hpp>
+#include <unison/version.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -44,10 +45,11 @@ struct config {
         std::fprintf(stderr, "unison-store-bench: %s\n", why.c_str());
     }
     std::fprintf(status == 0 ? stdout : stderr,
-                 "usage: unison-store-bench [-r N[,N...]] [-p port] [-T seconds]\n"
+                 "usage: unison-store-bench [-r N[,N...]] [-p port] [-T seconds] [--version]\n"
                  "  -r  rank counts [64,256,1024]\n"
                  "  -p  the store's port [a free one]\n"
-                 "  -T  bound on every wait, seconds [120]\n");
+                 "  -T  bound on every wait, seconds [120]\n"
+                 "  --version  the program's and unison's version\n");
     std::exit(status);
 }
 
@@ -57,6 +59,13 @@ config parse(int argc, char** argv) {
         const std::string_view a = argv[i];
         if (a == "-h" || a == "--help") {
             usage(0);
+        }
+        if (a == "--version") {
+            std::printf("unison-store-bench (unison %s)\n", unison::version_string);
+            std::exit(0);
+        }
+        if (a != "-r" && a != "-p" && a != "-T") {
+            usage(2, "unknown option '" + std::string(a) + "'");
         }
         if (i + 1 >= argc) {
             usage(2, "option '" + std::string(a) + "' needs a value");

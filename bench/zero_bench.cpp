@@ -31,6 +31,7 @@
 #include <unison/comm/counting_communicator.hpp>
 #include <unison/sharded.hpp>
 #include <unison/thread.hpp>
+#include <unison/version.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -144,10 +145,15 @@ row measure(const bench::model_shapes& model, int ranks, int iterations, const c
     return out;
 }
 
-int usage() {
-    std::fprintf(stderr, "usage: unison-zero-bench [-r ranks,ranks,...] [-n timed steps] "
-                         "[-a micro-batches per step]\n");
-    return 2;
+/// The usage, on stdout for -h (exit 0), else on stderr after `why` (exit 2).
+int usage(const std::string& why = {}) {
+    if (!why.empty()) {
+        std::fprintf(stderr, "unison-zero-bench: %s\n", why.c_str());
+    }
+    std::fprintf(why.empty() ? stdout : stderr,
+                 "usage: unison-zero-bench [-r ranks,ranks,...] [-n timed steps] "
+                 "[-a micro-batches per step] [--version]\n");
+    return why.empty() ? 0 : 2;
 }
 
 /// `text` as a whole number in [1, high] (all of it), or 0 after saying what is
@@ -173,8 +179,18 @@ int main(int argc, char** argv) {
     int micro = 0;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
-        if (i + 1 >= argc) {
+        if (arg == "-h" || arg == "--help") {
             return usage();
+        }
+        if (arg == "--version") {
+            std::printf("unison-zero-bench (unison %s)\n", unison::version_string);
+            return 0;
+        }
+        if (arg != "-r" && arg != "-a" && arg != "-n") {
+            return usage("unknown option '" + arg + "'");
+        }
+        if (i + 1 >= argc) {
+            return usage("option " + arg + " needs a value");
         }
         const std::string value = argv[++i];
         if (arg == "-r") {
@@ -199,8 +215,6 @@ int main(int argc, char** argv) {
             if (iterations < 1) {
                 return 2;
             }
-        } else {
-            return usage();
         }
     }
     try {

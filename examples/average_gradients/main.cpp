@@ -9,16 +9,17 @@
 // way backward produces them, last layer first), and checks the averaged result
 // against the gradient of the whole batch computed serially in double precision.
 
+#include "cli/cli.hpp"
+
 #include <unison/unison.hpp>
 
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -81,66 +82,43 @@ int train_step(C& comm) {
     return wrong == 0 ? 0 : 1;
 }
 
-int usage() {
-    std::fprintf(stderr, "usage: average_gradients [-t threads]\n");
-    return 2;
-}
-
-/// Reads `text`, the value of `flag`, as a T in [low, high] (the whole of it: "12x",
-/// "abc" and "" are refused). Otherwise says what is wrong, naming the flag and
-/// the value, and returns false.
-template <class T>
-bool parse_value(const char* program, std::string_view flag, std::string_view text, T& out, T low,
-                 T high) {
-    T value{};
-    const char* last = text.data() + text.size();
-    const auto [end, ec] = std::from_chars(text.data(), last, value);
-    if (ec == std::errc() && end == last && value >= low && value <= high) {
-        out = value;
-        return true;
-    }
-    std::ostringstream range;
-    range << "[" << low << ", " << high << "]";
-    std::fprintf(stderr, "%s: %.*s '%.*s' is not a number in %s\n", program,
-                 static_cast<int>(flag.size()), flag.data(), static_cast<int>(text.size()),
-                 text.data(), range.str().c_str());
-    return false;
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
     int threads = 2;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view arg = argv[i];
-        if (arg != "-t" || i + 1 >= argc) {
-            return usage();
-        }
-        if (!parse_value("average_gradients", arg, std::string_view(argv[++i]), threads, 1, 1024)) {
-            return 2;
-        }
+    cli::parser cli("average_gradients",
+                    "Averages a model's gradients across data-parallel ranks and checks them.",
+                    unison::version_string);
+    cli.value("-t", "threads", threads, 1, 1024, "ranks as threads, outside an MPI launcher");
+    if (const std::optional<int> exit_code = cli.parse(argc, argv)) {
+        return *exit_code;
     }
-    const unison::launch_info launch = unison::detect_launch();
+    try { // a malformed UNISON_* or launcher variable, a timeout: said in words
+        const unison::launch_info launch = unison::detect_launch();
 #if UNISON_HAS_MPI()
-    if (launch.launcher != "none") { // started by mpirun, srun or torchrun
-        std::optional<unison::mpi_environment> env;
-        try {
-            env.emplace(argc, argv); // checks that the launcher and MPI agree on the job
-        } catch (const unison::error& e) {
-            std::fprintf(stderr, "average_gradients: %s\n", e.what());
+        if (launch.launcher != "none") { // started by mpirun, srun or torchrun
+            std::optional<unison::mpi_environment> env;
+            try {
+                env.emplace(argc, argv); // checks that the launcher and MPI agree on the job
+            } catch (const unison::error& e) {
+                std::fprintf(stderr, "average_gradients: %s\n", e.what());
+                return 2;
+            }
+            unison::mpi_communicator comm(MPI_COMM_WORLD);
+            return train_step(comm);
+        }
+#endif
+        if (launch.size > 1) {
+            std::fprintf(stderr, "average_gradients: launched as %d ranks but built without MPI\n",
+                         launch.size);
             return 2;
         }
-        unison::mpi_communicator comm(MPI_COMM_WORLD);
-        return train_step(comm);
+        std::atomic<int> failures{0};
+        unison::thread_world(threads).run(
+            [&](unison::thread_communicator& comm) { failures += train_step(comm); });
+        return failures == 0 ? 0 : 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "average_gradients: %s\n", e.what());
+        return 1;
     }
-#endif
-    if (launch.size > 1) {
-        std::fprintf(stderr, "average_gradients: launched as %d ranks but built without MPI\n",
-                     launch.size);
-        return 2;
-    }
-    std::atomic<int> failures{0};
-    unison::thread_world(threads).run(
-        [&](unison::thread_communicator& comm) { failures += train_step(comm); });
-    return failures == 0 ? 0 : 1;
 }

@@ -17,20 +17,21 @@
 // on the whole global batches with the same optimizer and compares the per-step
 // losses and the final parameters; the exit status is non-zero if they differ.
 
+#include "cli/cli.hpp"
+
 #include <unison/mpi.hpp>
 #include <unison/torch.hpp>
+#include <unison/version.hpp>
 
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -246,73 +247,26 @@ int train(unison::mpi_communicator& comm, const settings& s) {
     return passed[0] == 1 ? 0 : 1;
 }
 
-int usage() {
-    std::fprintf(stderr, "usage: ddp_libtorch [--steps N] [--batch N] [--lr X] [--adam] "
-                         "[--threads N] [--log-every N] [--check] [--tolerance X]\n");
-    return 2;
-}
-
-/// Reads `text`, the value of `flag`, as a T in [low, high] (the whole of it: "12x",
-/// "abc" and "" are refused). Otherwise says what is wrong, naming the flag and
-/// the value, and returns false.
-template <class T>
-bool parse_value(const char* program, std::string_view flag, std::string_view text, T& out, T low,
-                 T high) {
-    T value{};
-    const char* last = text.data() + text.size();
-    const auto [end, ec] = std::from_chars(text.data(), last, value);
-    if (ec == std::errc() && end == last && value >= low && value <= high) {
-        out = value;
-        return true;
-    }
-    std::ostringstream range;
-    range << "[" << low << ", " << high << "]";
-    std::fprintf(stderr, "%s: %.*s '%.*s' is not a number in %s\n", program,
-                 static_cast<int>(flag.size()), flag.data(), static_cast<int>(text.size()),
-                 text.data(), range.str().c_str());
-    return false;
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
     settings s;
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        if (arg == "--check") {
-            s.check = true;
-            continue;
-        }
-        if (arg == "--adam") {
-            s.adam = true;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            return usage();
-        }
-        const std::string_view flag = arg;
-        const std::string_view value = argv[++i];
-        constexpr int most = 1 << 30;
-        bool ok = false;
-        if (arg == "--steps") {
-            ok = parse_value("ddp_libtorch", flag, value, s.steps, 1, most);
-        } else if (arg == "--batch") {
-            ok = parse_value("ddp_libtorch", flag, value, s.batch, std::int64_t{1},
-                             std::int64_t{1} << 30);
-        } else if (arg == "--lr") {
-            ok = parse_value("ddp_libtorch", flag, value, s.lr, 1e-12, 10.0);
-        } else if (arg == "--threads") {
-            ok = parse_value("ddp_libtorch", flag, value, s.threads, 1, 1024);
-        } else if (arg == "--log-every") {
-            ok = parse_value("ddp_libtorch", flag, value, s.log_every, 1, most);
-        } else if (arg == "--tolerance") {
-            ok = parse_value("ddp_libtorch", flag, value, s.tolerance, 1e-15, 1.0);
-        } else {
-            return usage();
-        }
-        if (!ok) {
-            return 2;
-        }
+    constexpr int most = 1 << 30;
+    cli::parser cli("ddp_libtorch",
+                    "A LibTorch model trained under unison::torch::ddp on MPI processes.",
+                    unison::version_string);
+    cli.value("--steps", "N", s.steps, 1, most, "optimizer steps")
+        .value("--batch", "N", s.batch, std::int64_t{1}, std::int64_t{1} << 30,
+               "global batch, split evenly over the ranks")
+        .value("--lr", "X", s.lr, 1e-12, 10.0, "learning rate (default 0.05, Adam 1e-3)")
+        .flag("--adam", s.adam, "Adam instead of SGD with momentum")
+        .value("--threads", "N", s.threads, 1, 1024, "LibTorch intra-op threads per rank")
+        .value("--log-every", "N", s.log_every, 1, most, "steps between printed losses")
+        .flag("--check", s.check, "compare with single-process training on the whole batch")
+        .value("--tolerance", "X", s.tolerance, 1e-15, 1.0,
+               "--check's largest relative error (default 2e-6, Adam 1e-4)");
+    if (const std::optional<int> exit_code = cli.parse(argc, argv)) {
+        return *exit_code;
     }
     if (s.lr == 0.0) {
         s.lr = s.adam ? 1e-3 : 0.05;

@@ -12,18 +12,18 @@
 // and steps its own optimizer on the averaged gradients, so all replicas stay equal.
 // Rank 0 prints the global mean loss and the throughput of every step.
 
+#include "cli/cli.hpp"
 #include "nn/nn.hpp"
 
 #include <unison/unison.hpp>
 
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -119,86 +119,52 @@ int train(C& comm, const settings& s) {
     return improved ? 0 : 1;
 }
 
-int usage() {
-    std::fprintf(stderr, "usage: ddp_mlp [-t threads] [--steps N] [--batch N] [--lr X] "
-                         "[--log-every N]\n");
-    return 2;
-}
-
-/// Reads `text`, the value of `flag`, as a T in [low, high] (the whole of it: "12x",
-/// "abc" and "" are refused). Otherwise says what is wrong, naming the flag and
-/// the value, and returns false.
-template <class T>
-bool parse_value(const char* program, std::string_view flag, std::string_view text, T& out, T low,
-                 T high) {
-    T value{};
-    const char* last = text.data() + text.size();
-    const auto [end, ec] = std::from_chars(text.data(), last, value);
-    if (ec == std::errc() && end == last && value >= low && value <= high) {
-        out = value;
-        return true;
-    }
-    std::ostringstream range;
-    range << "[" << low << ", " << high << "]";
-    std::fprintf(stderr, "%s: %.*s '%.*s' is not a number in %s\n", program,
-                 static_cast<int>(flag.size()), flag.data(), static_cast<int>(text.size()),
-                 text.data(), range.str().c_str());
-    return false;
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
     settings s;
     constexpr int most = 1 << 30;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view arg = argv[i];
-        if (i + 1 >= argc) {
-            return usage();
-        }
-        const std::string_view value = argv[++i];
-        bool ok = false;
-        if (arg == "-t") {
-            ok = parse_value("ddp_mlp", arg, value, s.threads, 1, 1024);
-        } else if (arg == "--steps") {
-            ok = parse_value("ddp_mlp", arg, value, s.steps, 1, most);
-        } else if (arg == "--batch") {
-            ok = parse_value("ddp_mlp", arg, value, s.batch, std::size_t{1}, std::size_t{1} << 30);
-        } else if (arg == "--lr") {
-            ok = parse_value("ddp_mlp", arg, value, s.lr, 1e-12f, 10.0f);
-        } else if (arg == "--log-every") {
-            ok = parse_value("ddp_mlp", arg, value, s.log_every, 1, most);
-        } else {
-            return usage();
-        }
-        if (!ok) {
-            return 2;
-        }
+    cli::parser cli("ddp_mlp", "Data-parallel training of a small MLP with unison::ddp.",
+                    unison::version_string);
+    cli.value("-t", "threads", s.threads, 1, 1024, "ranks as threads, outside an MPI launcher")
+        .value("--steps", "N", s.steps, 1, most, "optimizer steps")
+        .value("--batch", "N", s.batch, std::size_t{1}, std::size_t{1} << 30,
+               "global batch, split evenly over the ranks")
+        .value("--lr", "X", s.lr, 1e-12f, 10.0f, "learning rate")
+        .value("--log-every", "N", s.log_every, 1, most, "steps between printed losses");
+    if (const std::optional<int> exit_code = cli.parse(argc, argv)) {
+        return *exit_code;
     }
-    const unison::launch_info launch = unison::detect_launch();
+    try { // a malformed UNISON_* or launcher variable, a timeout: said in words
+        const unison::launch_info launch = unison::detect_launch();
 #if UNISON_HAS_MPI()
-    if (launch.launcher != "none") { // started by mpirun, srun or torchrun
-        std::optional<unison::mpi_environment> env;
-        try {
-            env.emplace(argc, argv); // checks that the launcher and MPI agree on the job
-        } catch (const unison::error& e) {
-            std::fprintf(stderr, "ddp_mlp: %s\n", e.what());
+        if (launch.launcher != "none") { // started by mpirun, srun or torchrun
+            std::optional<unison::mpi_environment> env;
+            try {
+                env.emplace(argc, argv); // checks that the launcher and MPI agree on the job
+            } catch (const unison::error& e) {
+                std::fprintf(stderr, "ddp_mlp: %s\n", e.what());
+                return 2;
+            }
+            unison::mpi_communicator comm(MPI_COMM_WORLD);
+            return train(comm, s);
+        }
+#endif
+        if (launch.size > 1) {
+            std::fprintf(stderr, "ddp_mlp: launched as %d ranks but built without MPI\n",
+                         launch.size);
             return 2;
         }
-        unison::mpi_communicator comm(MPI_COMM_WORLD);
-        return train(comm, s);
+        std::atomic<int> worst{0};
+        unison::thread_world(s.threads).run([&](unison::thread_communicator& comm) {
+            const int rc = train(comm, s);
+            int seen = worst.load();
+            while (rc > seen && !worst.compare_exchange_weak(seen, rc)) {
+            }
+        });
+        return worst.load();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "ddp_mlp: %s\n", e.what());
+        return 1;
     }
-#endif
-    if (launch.size > 1) {
-        std::fprintf(stderr, "ddp_mlp: launched as %d ranks but built without MPI\n", launch.size);
-        return 2;
-    }
-    std::atomic<int> worst{0};
-    unison::thread_world(s.threads).run([&](unison::thread_communicator& comm) {
-        const int rc = train(comm, s);
-        int seen = worst.load();
-        while (rc > seen && !worst.compare_exchange_weak(seen, rc)) {
-        }
-    });
-    return worst.load();
 }

@@ -28,15 +28,17 @@
 // reaches it (unison::torch::recompute). The peak resident memory of the process is
 // printed at the end.
 
+#include "cli/cli.hpp"
+
 #include <unison/mpi.hpp>
 #include <unison/torch.hpp>
+#include <unison/version.hpp>
 
 #include <torch/torch.h>
 
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -501,93 +503,49 @@ int train(unison::mpi_communicator& comm, const settings& s) {
     return fell && sane ? 0 : 1;
 }
 
-int usage() {
-    std::fprintf(stderr,
-                 "usage: fsdp_transformer [--steps N] [--layers N] [--d-model N] [--heads N] "
-                 "[--context N] [--batch N] [--lr X] [--warmup N] [--log-every N] [--threads N] "
-                 "[--sample N] [--micro-batches N] [--recompute]\n");
-    return 2;
-}
-
-/// `text` as a whole number in [low, high], or false.
-template <class T>
-bool parse(std::string_view text, T& out, T low, T high) {
-    T value{};
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec != std::errc() || end != text.data() + text.size() || value < low || value > high) {
-        return false;
-    }
-    out = value;
-    return true;
-}
-
-bool parse_settings(int argc, char** argv, settings& s) {
+/// Reads the command line into `s`; an exit code where the program should stop
+/// (after --help or --version, or an error it printed).
+std::optional<int> parse_settings(int argc, char** argv, settings& s) {
     constexpr int most = std::numeric_limits<int>::max();
     constexpr std::int64_t large = std::int64_t{1} << 20;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view flag = argv[i];
-        if (flag == "--recompute") {
-            s.recompute = true;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            return false;
-        }
-        const std::string_view value = argv[++i];
-        bool ok = false;
-        if (flag == "--steps") {
-            ok = parse(value, s.steps, 1, most);
-        } else if (flag == "--layers") {
-            ok = parse(value, s.layers, 1, 1000);
-        } else if (flag == "--d-model") {
-            ok = parse(value, s.d_model, std::int64_t{1}, large);
-        } else if (flag == "--heads") {
-            ok = parse(value, s.heads, std::int64_t{1}, large);
-        } else if (flag == "--context") {
-            ok = parse(value, s.context, std::int64_t{1}, std::int64_t{4096});
-        } else if (flag == "--batch") {
-            ok = parse(value, s.batch, std::int64_t{1}, large);
-        } else if (flag == "--warmup") {
-            ok = parse(value, s.warmup, 0, most);
-        } else if (flag == "--log-every") {
-            ok = parse(value, s.log_every, 1, most);
-        } else if (flag == "--threads") {
-            ok = parse(value, s.threads, 1, 1024);
-        } else if (flag == "--sample") {
-            ok = parse(value, s.sample, 0, 100000);
-        } else if (flag == "--micro-batches") {
-            ok = parse(value, s.micro_batches, 1, 1 << 16);
-        } else if (flag == "--lr") {
-            char* end = nullptr;
-            const std::string copy(value);
-            s.lr = std::strtod(copy.c_str(), &end);
-            ok = end == copy.c_str() + copy.size() && std::isfinite(s.lr) && s.lr > 0.0;
-        } else {
-            std::fprintf(stderr, "fsdp_transformer: unknown option %.*s\n",
-                         static_cast<int>(flag.size()), flag.data());
-            return false;
-        }
-        if (!ok) {
-            std::fprintf(stderr, "fsdp_transformer: %.*s '%.*s' is not a valid value\n",
-                         static_cast<int>(flag.size()), flag.data(), static_cast<int>(value.size()),
-                         value.data());
-            return false;
-        }
+    cli::parser cli("fsdp_transformer",
+                    "A character-level transformer trained under unison::torch::fsdp (ZeRO-3) "
+                    "on MPI processes.",
+                    unison::version_string);
+    cli.value("--steps", "N", s.steps, 1, most, "optimizer steps")
+        .value("--layers", "N", s.layers, 1, 1000, "transformer blocks")
+        .value("--d-model", "N", s.d_model, std::int64_t{1}, large, "model width")
+        .value("--heads", "N", s.heads, std::int64_t{1}, large, "attention heads")
+        .value("--context", "N", s.context, std::int64_t{1}, std::int64_t{4096},
+               "characters per training sequence")
+        .value("--batch", "N", s.batch, std::int64_t{1}, large,
+               "global sequences per step, split evenly over the ranks")
+        .value("--lr", "X", s.lr, 1e-12, 10.0, "peak learning rate")
+        .value("--warmup", "N", s.warmup, 0, most,
+               "steps of linear warmup (default: steps / 10, at most 30)")
+        .value("--log-every", "N", s.log_every, 1, most, "steps between printed losses")
+        .value("--threads", "N", s.threads, 1, 1024, "LibTorch intra-op threads per rank")
+        .value("--sample", "N", s.sample, 0, 100000, "characters generated at the end")
+        .value("--micro-batches", "N", s.micro_batches, 1, 1 << 16,
+               "forward and backward passes per optimizer step")
+        .flag("--recompute", s.recompute, "recompute each block's activations in backward");
+    if (const std::optional<int> exit_code = cli.parse(argc, argv)) {
+        return exit_code;
     }
     if (s.d_model % s.heads != 0) {
         std::fprintf(stderr, "fsdp_transformer: --d-model %lld is not a multiple of --heads %lld\n",
                      static_cast<long long>(s.d_model), static_cast<long long>(s.heads));
-        return false;
+        return 2;
     }
-    return true;
+    return std::nullopt;
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
     settings s;
-    if (!parse_settings(argc, argv, s)) {
-        return usage();
+    if (const std::optional<int> exit_code = parse_settings(argc, argv, s)) {
+        return *exit_code;
     }
     std::optional<unison::mpi_environment> env;
     try {

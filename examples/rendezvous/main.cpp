@@ -10,11 +10,14 @@
 // with NCCL, the all-reduce's result checked against the sum computed here. A rank
 // that never comes is named by every rank that did, within UNISON_TIMEOUT seconds.
 
+#include "cli/cli.hpp"
+
 #include <unison/unison.hpp>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -117,10 +120,13 @@ int run() {
 } // namespace
 
 int main(int argc, char** argv) {
-    if (argc > 1) {
-        std::fprintf(stderr, "usage: %s (no options: the launcher's environment says it all)\n",
-                     argv[0]);
-        return 2;
+    cli::parser cli("rendezvous",
+                    "Meets the other ranks through unison's TCP store (and, with NCCL, "
+                    "all-reduces on their GPUs). No options: the launcher's environment "
+                    "(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) says it all.",
+                    unison::version_string);
+    if (const std::optional<int> exit_code = cli.parse(argc, argv)) {
+        return *exit_code;
     }
     try {
         return run();

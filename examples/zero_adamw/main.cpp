@@ -15,18 +15,18 @@
 // Each rank trains on its shard of every global batch of a synthetic data set; the
 // global batch, and so the training, does not depend on the number of ranks.
 
+#include "cli/cli.hpp"
 #include "nn/nn.hpp"
 
 #include <unison/unison.hpp>
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -146,66 +146,23 @@ int train(C& comm, const settings& s) {
     return improved ? 0 : 1;
 }
 
-int usage() {
-    std::fprintf(stderr, "usage: zero_adamw [-t threads] [--steps N] [--batch N] [--lr X] "
-                         "[--log-every N] [--save DIR] [--resume DIR]\n");
-    return 2;
-}
-
-/// Reads `text`, the value of `flag`, as a T in [low, high] (the whole of it: "12x",
-/// "abc" and "" are refused). Otherwise says what is wrong, naming the flag and
-/// the value, and returns false.
-template <class T>
-bool parse_value(const char* program, std::string_view flag, std::string_view text, T& out, T low,
-                 T high) {
-    T value{};
-    const char* last = text.data() + text.size();
-    const auto [end, ec] = std::from_chars(text.data(), last, value);
-    if (ec == std::errc() && end == last && value >= low && value <= high) {
-        out = value;
-        return true;
-    }
-    std::ostringstream range;
-    range << "[" << low << ", " << high << "]";
-    std::fprintf(stderr, "%s: %.*s '%.*s' is not a number in %s\n", program,
-                 static_cast<int>(flag.size()), flag.data(), static_cast<int>(text.size()),
-                 text.data(), range.str().c_str());
-    return false;
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
     settings s;
     constexpr int most = 1 << 30;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view arg = argv[i];
-        if (i + 1 >= argc) {
-            return usage();
-        }
-        const std::string_view value = argv[++i];
-        bool ok = true;
-        if (arg == "-t") {
-            ok = parse_value("zero_adamw", arg, value, s.threads, 1, 1024);
-        } else if (arg == "--steps") {
-            ok = parse_value("zero_adamw", arg, value, s.steps, 1, most);
-        } else if (arg == "--batch") {
-            ok = parse_value("zero_adamw", arg, value, s.batch, std::size_t{1},
-                             std::size_t{1} << 30);
-        } else if (arg == "--lr") {
-            ok = parse_value("zero_adamw", arg, value, s.lr, 1e-12, 10.0);
-        } else if (arg == "--log-every") {
-            ok = parse_value("zero_adamw", arg, value, s.log_every, 1, most);
-        } else if (arg == "--save") {
-            s.save = value;
-        } else if (arg == "--resume") {
-            s.resume = value;
-        } else {
-            return usage();
-        }
-        if (!ok) {
-            return 2;
-        }
+    cli::parser cli("zero_adamw", "ZeRO-3 training of an MLP with AdamW; saves and resumes.",
+                    unison::version_string);
+    cli.value("-t", "threads", s.threads, 1, 1024, "ranks as threads, outside an MPI launcher")
+        .value("--steps", "N", s.steps, 1, most, "optimizer steps")
+        .value("--batch", "N", s.batch, std::size_t{1}, std::size_t{1} << 30,
+               "global batch, split evenly over the ranks")
+        .value("--lr", "X", s.lr, 1e-12, 10.0, "learning rate")
+        .value("--log-every", "N", s.log_every, 1, most, "steps between printed losses")
+        .text("--save", "DIR", s.save, "write a sharded checkpoint there at the end")
+        .text("--resume", "DIR", s.resume, "start from the checkpoint there");
+    if (const std::optional<int> exit_code = cli.parse(argc, argv)) {
+        return *exit_code;
     }
     try {
         const unison::launch_info launch = unison::detect_launch();

@@ -4,12 +4,17 @@
 #         -DSOURCE_DIR=<unison source tree> -DWORK_DIR=<scratch directory>
 #         [-DGENERATOR=<generator>] [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>]
 #         [-DENABLE_MPI=ON|OFF] [-DENABLE_CUDA=ON|OFF] [-DENABLE_NCCL=ON|OFF]
+#         [-DMPIEXEC=<the build's mpiexec>]
 #         -P run_packaging_test.cmake
 #
 # find_package: configure, build and install unison (its tests, benchmarks and
 # examples off) into WORK_DIR/prefix, then build the consumer against that prefix.
-# pkg_config: the same install, then compile consumer/main.cpp by hand with the
-# flags `pkg-config --cflags --libs unison` gives, and run it.
+# pkg_config: the same install, moved elsewhere (the .pc files must find it from
+# where they lie), then consumer/main.cpp and the README's "Use" program compiled
+# by hand with the flags `pkg-config --cflags --libs unison` gives, under
+# -Wall -Wextra -Wpedantic -Werror, and run; with MPI the Use program again with
+# unison-mpi's flags, run on 2 processes (MPIEXEC); with NCCL compiled and linked
+# with unison-nccl's.
 # examples_alone: the same install, then each of examples/average_gradients,
 # ddp_mlp and zero_adamw copied on its own into WORK_DIR (as a user copies one),
 # configured against the prefix, built and trained on two threads.
@@ -105,26 +110,66 @@ if(MODE MATCHES "^(find_package|pkg_config|examples_alone)$")
         return()
     endif()
     if(MODE STREQUAL "pkg_config")
+        # Moved after installing: nothing may point at the install prefix.
+        set(moved "${WORK_DIR}/moved")
+        file(RENAME "${prefix}" "${moved}")
         find_program(pkg_config_program pkg-config REQUIRED)
-        set(ENV{PKG_CONFIG_PATH} "${prefix}/share/pkgconfig")
+        set(ENV{PKG_CONFIG_PATH} "${moved}/share/pkgconfig")
         execute_process(COMMAND "${pkg_config_program}" --modversion unison
             OUTPUT_VARIABLE version OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE result)
         if(NOT result EQUAL 0 OR NOT version MATCHES "^[0-9]+\\.[0-9]+\\.[0-9]+$")
             message(FATAL_ERROR "[${MODE}] pkg-config --modversion unison: '${version}'")
         endif()
-        execute_process(COMMAND "${pkg_config_program}" --cflags --libs unison
-            OUTPUT_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE result)
-        if(NOT result EQUAL 0)
-            message(FATAL_ERROR "[${MODE}] pkg-config --cflags --libs unison failed")
+        # The README's "Use" program, as written.
+        file(READ "${SOURCE_DIR}/README.md" readme)
+        string(FIND "${readme}" "<!-- test: readme_use" at)
+        if(at EQUAL -1)
+            message(FATAL_ERROR "[${MODE}] README.md has no block marked <!-- test: readme_use")
         endif()
-        separate_arguments(flags UNIX_COMMAND "${flags}")
+        string(SUBSTRING "${readme}" ${at} -1 rest)
+        string(FIND "${rest}" "```cpp\n" open)
+        math(EXPR open "${open} + 7")
+        string(SUBSTRING "${rest}" ${open} -1 rest)
+        string(FIND "${rest}" "\n```" close)
+        string(SUBSTRING "${rest}" 0 ${close} code)
+        file(WRITE "${WORK_DIR}/readme_use.cpp" "${code}\n")
+
         set(compiler "${CXX_COMPILER}")
         if(NOT compiler)
             set(compiler c++)
         endif()
-        run_step("compile consumer with pkg-config's flags (${version})" "${compiler}"
-            "${CMAKE_CURRENT_LIST_DIR}/consumer/main.cpp" -o "${WORK_DIR}/consumer" ${flags})
+        set(strict -Wall -Wextra -Wpedantic -Werror)
+        # Compiles `source` into WORK_DIR/<name> with the flags of pkg-config `module`.
+        function(compile_with module source name)
+            execute_process(COMMAND "${pkg_config_program}" --cflags --libs ${module}
+                OUTPUT_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE result)
+            if(NOT result EQUAL 0)
+                message(FATAL_ERROR "[${MODE}] pkg-config --cflags --libs ${module} failed")
+            endif()
+            string(FIND "${flags}" "${prefix}" stale)
+            if(NOT stale EQUAL -1)
+                message(FATAL_ERROR "[${MODE}] ${module}.pc names the install prefix ${prefix} "
+                                    "after the install was moved: ${flags}")
+            endif()
+            separate_arguments(flags UNIX_COMMAND "${flags}")
+            run_step("compile ${name} with ${module}'s flags (${version})" "${compiler}"
+                ${strict} "${source}" -o "${WORK_DIR}/${name}" ${flags})
+        endfunction()
+        compile_with(unison "${CMAKE_CURRENT_LIST_DIR}/consumer/main.cpp" consumer)
         run_step("run consumer" "${WORK_DIR}/consumer")
+        compile_with(unison "${WORK_DIR}/readme_use.cpp" readme_use)
+        run_step("run the README's Use program" "${WORK_DIR}/readme_use")
+        if(ENABLE_MPI)
+            compile_with(unison-mpi "${WORK_DIR}/readme_use.cpp" readme_use_mpi)
+            if(MPIEXEC)
+                set(ENV{UNISON_MPIEXEC} "${MPIEXEC}")
+            endif()
+            run_step("run the README's Use program on 2 MPI processes"
+                bash "${SOURCE_DIR}/scripts/mpiexec.sh" -n 2 "${WORK_DIR}/readme_use_mpi")
+        endif()
+        if(ENABLE_NCCL)
+            compile_with(unison-nccl "${WORK_DIR}/readme_use.cpp" readme_use_nccl)
+        endif()
         message(STATUS "[${MODE}] ok")
         return()
     endif()
