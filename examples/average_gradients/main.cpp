@@ -46,7 +46,8 @@ int train_step(C& comm) {
     for (std::size_t layer = layer_sizes.size(); layer-- > 0;) {
         auto& g = grads[layer];
         g.assign(layer_sizes[layer], 0.0f);
-        for (int s = first; s < last; s += 64) { // a few samples stand in for the shard
+        // every 64th sample stands in for the batch: this rank's are those in its shard
+        for (int s = (first + 63) / 64 * 64; s < last; s += 64) {
             for (std::size_t i = 0; i < g.size(); ++i) {
                 g[i] += static_cast<float>(sample_gradient(s, layer, i) / (samples / 64));
             }
