@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <set>
@@ -237,6 +238,45 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
         CHECK(unison::mpi_all_gather_algorithm(algorithm::recursive_doubling, bytes, 1, 1) ==
               algorithm::native);
     }
+}
+
+TEST_CASE("UNISON_TIMEOUT, UNISON_DEBUG and UNISON_DETERMINISTIC refuse what they cannot mean") {
+    auto refused = [](const char* variable, const char* value) {
+        ::setenv(variable, value, 1);
+        std::string message;
+        try {
+            (void)unison::comm_options::from_env();
+        } catch (const unison::argument_error& e) {
+            message = e.what();
+        }
+        ::unsetenv(variable);
+        CAPTURE(variable);
+        CAPTURE(value);
+        CHECK(message.find(variable) != std::string::npos);
+        CHECK(message.find("'" + std::string(value) + "'") != std::string::npos);
+    };
+    for (const char* bad : {"abc", "30s", "0", "-5", "nan", "inf", "1e10", "30 s"}) {
+        refused("UNISON_TIMEOUT", bad);
+    }
+    for (const char* bad : {"2", "yes please", "enable", "-1"}) {
+        refused("UNISON_DEBUG", bad);
+        refused("UNISON_DETERMINISTIC", bad);
+    }
+    ::setenv("UNISON_TIMEOUT", "2.5", 1);
+    CHECK(unison::comm_options::from_env().timeout == std::chrono::milliseconds(2500));
+    ::setenv("UNISON_TIMEOUT", "0.0001", 1); // below a millisecond: one, never zero
+    CHECK(unison::comm_options::from_env().timeout == std::chrono::milliseconds(1));
+    ::unsetenv("UNISON_TIMEOUT");
+    CHECK(unison::comm_options::from_env().timeout == unison::comm_options{}.timeout);
+    for (const char* yes : {"1", "on", "true", "yes", "ON", "True"}) {
+        ::setenv("UNISON_DEBUG", yes, 1);
+        CHECK(unison::comm_options::from_env().check_matching);
+    }
+    for (const char* no : {"", "0", "off", "false", "no"}) {
+        ::setenv("UNISON_DEBUG", no, 1);
+        CHECK_FALSE(unison::comm_options::from_env().check_matching);
+    }
+    ::unsetenv("UNISON_DEBUG");
 }
 
 TEST_CASE("UNISON_RANKS_PER_NODE must be a positive number") {

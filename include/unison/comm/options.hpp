@@ -3,6 +3,8 @@
 #include "unison/comm/algorithm.hpp"
 #include "unison/core/error.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -54,24 +56,31 @@ struct comm_options {
     int ranks_per_node = 0;
 
     /// Defaults, overridden by the environment: UNISON_TIMEOUT (seconds, may be
-    /// fractional), UNISON_DEBUG=1 (turns on check_matching), UNISON_ALGORITHM
-    /// (an algorithm's name, see algorithm.hpp; an unknown name is an argument_error),
-    /// UNISON_DETERMINISTIC=1 (turns on deterministic) and UNISON_RANKS_PER_NODE (a
-    /// positive integer; anything else is an argument_error).
+    /// fractional: a number in (0, 1e9]), UNISON_DEBUG=1 (turns on check_matching),
+    /// UNISON_ALGORITHM (an algorithm's name, see algorithm.hpp), UNISON_DETERMINISTIC=1
+    /// (turns on deterministic) and UNISON_RANKS_PER_NODE (a positive integer). The
+    /// switches take 1, on, true, yes or 0, off, false, no in any case (or nothing:
+    /// off). A value that is none of these is an argument_error naming the variable
+    /// and the value, never a silent default.
     static comm_options from_env() {
         comm_options o;
         if (const char* t = std::getenv("UNISON_TIMEOUT"); t != nullptr && *t != '\0') {
             char* end = nullptr;
             const double seconds = std::strtod(t, &end);
-            if (end != t && seconds > 0) {
-                o.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
+            if (end == t || *end != '\0' || !(seconds > 0) || !(seconds <= 1e9)) {
+                throw argument_error(-1, "UNISON_TIMEOUT",
+                                     "'" + std::string(t) +
+                                         "' is not a number of seconds in (0, 1e9] "
+                                         "(e.g. UNISON_TIMEOUT=30 or 2.5)");
             }
+            o.timeout =
+                std::chrono::milliseconds(std::max(1LL, static_cast<long long>(seconds * 1000.0)));
         }
         if (const char* d = std::getenv("UNISON_DEBUG"); d != nullptr) {
-            o.check_matching = on(d);
+            o.check_matching = on("UNISON_DEBUG", d);
         }
         if (const char* d = std::getenv("UNISON_DETERMINISTIC"); d != nullptr) {
-            o.deterministic = on(d);
+            o.deterministic = on("UNISON_DETERMINISTIC", d);
         }
         if (const char* k = std::getenv("UNISON_RANKS_PER_NODE"); k != nullptr && *k != '\0') {
             char* end = nullptr;
@@ -99,9 +108,27 @@ struct comm_options {
     }
 
 private:
-    /// A switch variable: on unless empty, "0", "false" or "off".
-    static bool on(std::string_view v) noexcept {
-        return !(v.empty() || v == "0" || v == "false" || v == "off");
+    /// A switch variable's value, in any case: 1, on, true, yes; 0, off, false, no
+    /// or empty.
+    static bool on(const char* variable, std::string_view v) {
+        auto is = [&](std::string_view word) {
+            return std::equal(v.begin(), v.end(), word.begin(), word.end(), [](char a, char b) {
+                return std::tolower(static_cast<unsigned char>(a)) == b;
+            });
+        };
+        for (std::string_view yes : {"1", "on", "true", "yes"}) {
+            if (is(yes)) {
+                return true;
+            }
+        }
+        for (std::string_view no : {"", "0", "off", "false", "no"}) {
+            if (is(no)) {
+                return false;
+            }
+        }
+        throw argument_error(-1, variable,
+                             "'" + std::string(v) +
+                                 "' is not a switch: 1, on, true or yes; 0, off, false or no");
     }
 };
 
