@@ -27,6 +27,7 @@
 #include <unison/comm.hpp>
 #include <unison/core.hpp>
 #include <unison/thread.hpp>
+#include <unison/version.hpp>
 
 #if UNISON_HAS_MPI()
 #include <unison/mpi.hpp>
@@ -644,6 +645,16 @@ std::vector<rank_device> gather_rank_devices(int rank, int ranks, const rank_dev
     return devices;
 }
 
+/// True when no launcher started this process (no mpiexec, srun or torchrun
+/// variables): MPI would make a world of one.
+bool outside_a_launcher() {
+    try {
+        return detect_launch().launcher == "none";
+    } catch (const std::exception&) { // malformed variables: mpi_environment names them
+        return false;
+    }
+}
+
 /// Runs `fn()` between MPI_Init and MPI_Finalize; an error on one rank aborts the
 /// job, since the other ranks would wait for it forever.
 template <class Fn>
@@ -845,6 +856,17 @@ int run_mpi_once(const bench_config& cfg, mpi_communicator& comm, const run_info
 
 #if UNISON_HAS_NCCL() && UNISON_HAS_MPI()
 
+/// Empty where this process sees a GPU; otherwise why not, in the CUDA runtime's
+/// words (CUDA_VISIBLE_DEVICES= hides every GPU, the way a CPU node has none).
+std::string no_gpu() {
+    int devices = 0;
+    const cudaError_t rc = cudaGetDeviceCount(&devices);
+    if (rc != cudaSuccess) {
+        return std::string(cudaGetErrorName(rc)) + ": " + cudaGetErrorString(rc);
+    }
+    return devices > 0 ? std::string() : "cudaGetDeviceCount found 0 devices";
+}
+
 /// A rank's buffers in device memory, with host staging to prepare inputs and
 /// check results (copies on the communicator's stream, outside the timed loop).
 class device_buffers {
@@ -972,6 +994,12 @@ int main(int argc, char** argv) {
         }
         return 0;
     }
+    if (cfg.version) {
+        if (launch_rank() == 0) {
+            std::printf("%s (unison %s)\n", cfg.program_name.c_str(), unison::version_string);
+        }
+        return 0;
+    }
     if (cfg.timeout_seconds > 0) { // -T: read by every communicator's comm_options
         ::setenv("UNISON_TIMEOUT", std::to_string(cfg.timeout_seconds).c_str(), 1);
     }
@@ -1003,6 +1031,13 @@ int main(int argc, char** argv) {
             return run_thread_backend(cfg);
         case backend_kind::mpi:
 #if UNISON_HAS_MPI()
+            if (outside_a_launcher()) {
+                std::fprintf(stderr,
+                             "unison-bench: error: -B mpi outside an MPI launcher would time one "
+                             "rank alone (bus bandwidth 0); start it as mpiexec -n N "
+                             "unison-bench -B mpi ..., or time threads with -B thread -t N\n");
+                return 2;
+            }
             return with_mpi(argc, argv, [&] { return run_mpi_ranks(cfg); });
 #else
             if (launch_rank() == 0) {
@@ -1013,6 +1048,13 @@ int main(int argc, char** argv) {
 #endif
         case backend_kind::nccl:
 #if UNISON_HAS_NCCL() && UNISON_HAS_MPI()
+            if (const std::string why = no_gpu(); !why.empty()) {
+                std::fprintf(stderr,
+                             "unison-bench: error: -B nccl needs a GPU per rank, and rank %d "
+                             "sees none (%s); on CPUs use -B mpi or -B thread\n",
+                             launch_rank(), why.c_str());
+                return 2;
+            }
             return with_mpi(argc, argv, [&] { return run_nccl_ranks(cfg); });
 #else
             if (launch_rank() == 0) {
