@@ -336,6 +336,32 @@ TEST_CASE("tcp_store: the store refuses a second process with one RANK, and anot
     CHECK_THROWS_AS(tcp_store(at(server, 2, 2)), unison::argument_error); // out of range
 }
 
+TEST_CASE("tcp_store: the ranks that waited say that a rank came and was refused, not that it "
+          "never connected") {
+    tcp_store_server server(0, 2);
+    std::string waited;
+    std::thread rank0([&] {
+        try {
+            tcp_store store(at(server, 0, 2, 1500ms)); // waits for rank 1, which never joins
+            store.barrier();
+        } catch (const unison::timeout_error& e) {
+            waited = e.what();
+        }
+    });
+    REQUIRE(server.wait_until_connected(1, clock_type::now() + 10s));
+    try {
+        tcp_store other(at(server, 1, 3, 5s)); // rank 1, started for 3 ranks
+        FAIL("a rank of a 3-rank job joined a 2-rank store");
+    } catch (const unison::argument_error& e) {
+        CHECK(contains(e.what(), "started for 3 ranks and the store for 2"));
+    }
+    rank0.join();
+    CAPTURE(waited);
+    CHECK(contains(waited, "rank 1 of 2"));
+    CHECK(contains(waited, "was refused by the store"));
+    CHECK_FALSE(contains(waited, "never connected"));
+}
+
 namespace {
 
 /// what() of the timeout_error that rank 1 of 2 gets joining at `port` (with a

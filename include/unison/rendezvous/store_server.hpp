@@ -312,6 +312,13 @@ private:
                       peers_[h.rank] + " (two processes were given the same RANK)";
         }
         if (!refusal.empty()) {
+            if (h.rank >= 0 && h.rank < world_size_) { // the others can say what became of it
+                std::lock_guard lock(mutex_);
+                rank_state& s = ranks_[static_cast<std::size_t>(h.rank)];
+                if (s == rank_state::absent) {
+                    s = rank_state::refused;
+                }
+            }
             reply_text(c, reply_status::refused, refusal);
             c.closing = true;
             c.idle_deadline = clock::now() + idle_limit_;

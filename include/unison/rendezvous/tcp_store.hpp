@@ -507,12 +507,12 @@ private:
     }
 
     /// The ranks of `from` whose keys are missing, as "ranks 2, 5-7 of 8", with what
-    /// the store knows of each: never connected, connected (so slow, or elsewhere), or
-    /// left.
+    /// the store knows of each: never connected, refused, connected (so slow, or
+    /// elsewhere), or left.
     std::string describe_missing(const std::vector<int>& from, const missing_keys& m) const {
         using detail::store_wire::rank_state;
         std::vector<int> ranks;
-        std::vector<int> groups[3];
+        std::vector<int> groups[4];
         for (std::size_t i = 0; i < from.size(); ++i) {
             if (m.present[i]) {
                 continue;
@@ -520,14 +520,21 @@ private:
             const int r = from[i];
             ranks.push_back(r);
             const auto s = static_cast<rank_state>(m.states[static_cast<std::size_t>(r)]);
-            groups[s == rank_state::left ? 2 : s == rank_state::connected ? 1 : 0].push_back(r);
+            groups[s == rank_state::left        ? 2
+                   : s == rank_state::connected ? 1
+                   : s == rank_state::refused   ? 3
+                                                : 0]
+                .push_back(r);
         }
-        const char* say[3] = {"never connected",
-                              "connected but did not get here (slow, or stuck elsewhere)",
-                              "connected and then left (exited or crashed)"};
+        const char* say[4] = {
+            "never connected", "connected but did not get here (slow, or stuck elsewhere)",
+            "connected and then left (exited or crashed)",
+            "connected and was refused by the store: it was started for another WORLD_SIZE or "
+            "runs another unison version, and its own error says which"};
         std::string why;
-        const int kinds = !groups[0].empty() + !groups[1].empty() + !groups[2].empty();
-        for (int g = 0; g < 3; ++g) {
+        const int kinds =
+            !groups[0].empty() + !groups[1].empty() + !groups[2].empty() + !groups[3].empty();
+        for (int g = 0; g < 4; ++g) {
             if (!groups[g].empty()) {
                 why += (why.empty() ? "" : "; ") +
                        (kinds > 1 ? rank_list(groups[g]) + ": " : std::string()) + say[g];

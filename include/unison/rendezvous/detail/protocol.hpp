@@ -31,7 +31,7 @@
 namespace unison::detail::store_wire {
 
 inline constexpr std::uint32_t magic = 0x52534e55; // "UNSR"
-inline constexpr std::uint32_t version = 2;
+inline constexpr std::uint32_t version = 3;        // 3: rank_state::refused
 
 /// Limits that keep a stray client (a port scanner, another program's protocol) from
 /// making the server allocate without bound.
@@ -56,8 +56,9 @@ enum class reply_status : std::uint8_t {
     departed = 3,
 };
 
-/// A rank as the server sees it.
-enum class rank_state : std::uint8_t { absent = 0, connected = 1, left = 2 };
+/// A rank as the server sees it. `refused`: a process came as this rank and was
+/// refused (another WORLD_SIZE or protocol version), and none has joined as it since.
+enum class rank_state : std::uint8_t { absent = 0, connected = 1, left = 2, refused = 3 };
 
 /// Appends little-endian integers and length-prefixed bytes.
 class writer {
