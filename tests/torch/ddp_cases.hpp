@@ -159,6 +159,51 @@ void torch_ddp_case(C& comm, tm::kind k, c10::ScalarType dtype, torch_loop loop,
     UNISON_CHECK_CASE(comm, label, o);
 }
 
+/// The reference of one bf16 data-parallel step, in one process: `compute`'s bf16
+/// parameters `copies` are loaded from the f32 `masters`, every rank's share of the
+/// batch at `base` runs forward and backward, and the bf16 gradients are summed in
+/// f32 over the `n` ranks, averaged and rounded to bf16, as the engines keep them
+/// (returned in f32); `loss` is rank `rank`'s share's.
+struct bf16_reference_step {
+    std::vector<at::Tensor> grads;
+    double loss = 0.0;
+};
+template <class Model>
+bf16_reference_step bf16_reference(const Model& compute, const std::vector<at::Tensor>& copies,
+                                   const std::vector<at::Tensor>& masters, const tm::dataset& data,
+                                   std::int64_t base, std::int64_t shard, int n, int rank) {
+    bf16_reference_step out;
+    std::vector<at::Tensor> sums;
+    for (int r = 0; r < n; ++r) {
+        {
+            ::torch::NoGradGuard no_grad;
+            for (std::size_t k = 0; k < copies.size(); ++k) {
+                copies[k].copy_(masters[k]);
+                copies[k].mutable_grad() = at::Tensor();
+            }
+        }
+        const at::Tensor l = ::torch::nn::functional::cross_entropy(
+            compute->forward(data.x.narrow(0, base + r * shard, shard)),
+            data.y.narrow(0, base + r * shard, shard));
+        l.backward();
+        if (r == rank) {
+            out.loss = l.template item<double>();
+        }
+        for (std::size_t k = 0; k < copies.size(); ++k) {
+            const at::Tensor g = copies[k].grad().to(at::kFloat);
+            if (r == 0) {
+                sums.push_back(g);
+            } else {
+                sums[k] = sums[k] + g;
+            }
+        }
+    }
+    for (at::Tensor& sum : sums) {
+        out.grads.push_back((sum / static_cast<float>(n)).to(at::kBFloat16).to(at::kFloat));
+    }
+    return out;
+}
+
 /// Mixed precision through torch::ddp, as a LibTorch user runs it: a bf16 model
 /// whose gradients are reduced in f32 buckets (policy::mixed_precision<bf16, f32>),
 /// the user's AdamW on f32 master copies that are cast back into the model after
@@ -219,35 +264,11 @@ void torch_ddp_mixed_precision_case(C& comm) {
             }
         }
 
-        std::vector<at::Tensor> sums;
-        double ref_loss = 0.0;
-        for (int r = 0; r < n; ++r) {
-            {
-                ::torch::NoGradGuard no_grad;
-                for (std::size_t k = 0; k < copies.size(); ++k) {
-                    copies[k].copy_(ref_masters[k]);
-                    copies[k].mutable_grad() = at::Tensor();
-                }
-            }
-            const at::Tensor l = ::torch::nn::functional::cross_entropy(
-                compute->forward(data.x.narrow(0, base + r * shard, shard)),
-                data.y.narrow(0, base + r * shard, shard));
-            l.backward();
-            if (r == comm.rank()) {
-                ref_loss = l.template item<double>();
-            }
-            for (std::size_t k = 0; k < copies.size(); ++k) {
-                const at::Tensor g = copies[k].grad().to(at::kFloat);
-                if (r == 0) {
-                    sums.push_back(g);
-                } else {
-                    sums[k] = sums[k] + g;
-                }
-            }
-        }
+        const bf16_reference_step ref =
+            bf16_reference(compute, copies, ref_masters, data, base, shard, n, comm.rank());
+        const double ref_loss = ref.loss;
         for (std::size_t k = 0; k < ref_masters.size(); ++k) {
-            ref_masters[k].mutable_grad() =
-                (sums[k] / static_cast<float>(n)).to(at::kBFloat16).to(at::kFloat);
+            ref_masters[k].mutable_grad() = ref.grads[k];
         }
         ref_opt.step();
 

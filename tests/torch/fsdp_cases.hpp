@@ -365,36 +365,11 @@ void torch_fsdp_mixed_precision_case(C& comm) {
         loss.backward();
         engine.step();
 
-        std::vector<at::Tensor> sums;
-        double ref_loss = 0.0;
-        for (int r = 0; r < n; ++r) {
-            {
-                ::torch::NoGradGuard no_grad;
-                for (std::size_t k = 0; k < copies.size(); ++k) {
-                    copies[k].copy_(masters[k]);
-                    copies[k].mutable_grad() = at::Tensor();
-                }
-            }
-            const at::Tensor l = ::torch::nn::functional::cross_entropy(
-                compute->forward(data.x.narrow(0, base + r * shard, shard)),
-                data.y.narrow(0, base + r * shard, shard));
-            l.backward();
-            if (r == comm.rank()) {
-                ref_loss = l.template item<double>();
-            }
-            for (std::size_t k = 0; k < copies.size(); ++k) {
-                const at::Tensor g = copies[k].grad().to(at::kFloat);
-                if (r == 0) {
-                    sums.push_back(g);
-                } else {
-                    sums[k] = sums[k] + g;
-                }
-            }
-        }
+        const bf16_reference_step ref =
+            bf16_reference(compute, copies, masters, data, base, shard, n, comm.rank());
+        const double ref_loss = ref.loss;
         for (std::size_t k = 0; k < masters.size(); ++k) {
-            // the engine keeps averaged gradients in the parameter dtype
-            masters[k].mutable_grad() =
-                (sums[k] / static_cast<float>(n)).to(at::kBFloat16).to(at::kFloat);
+            masters[k].mutable_grad() = ref.grads[k]; // averaged, in the parameter dtype
         }
         ref_opt.step();
 
