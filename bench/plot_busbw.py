@@ -395,11 +395,13 @@ def plan(argv):
                               lambda path, b: samples(b["results"], side, path,
                                                       args.dtype, args.op),
                               args.band)
-    pairs = {pair for _, pair, _ in drawn}
+    pairs = {}
+    for label, pair, _ in drawn:
+        pairs.setdefault(label, set()).add(pair)
     series = []
     for label, (dtype, redop), s in drawn:
-        if len(pairs) > 1:
-            label += f" ({dtype}, {redop})"
+        if len(pairs[label]) > 1:  # -d all, -o all: the type and reduction join the label
+            label += f" ({dtype})" if redop in (None, "none") else f" ({dtype}, {redop})"
         s.label = legend_label(label, s, args.band)
         series.append(s)
     title = args.title or title_of(described, args.side)
