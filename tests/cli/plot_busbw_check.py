@@ -246,6 +246,18 @@ def _():
         [s.label for s in p.series]
 
 
+@check("files without a label: alike ones are runs of their default label")
+def _():
+    p = planned(*RUNS, FOUR)
+    assert [s.label for s in p.series] == \
+        ["thread backend, 2 ranks (median of 3 runs, min to max)", "thread backend, 4 ranks"], \
+        [s.label for s in p.series]
+    p = planned(RUNS[0], GATHER)  # two collectives: each default label names its own
+    assert [s.label for s in p.series] == \
+        ["all_reduce, thread backend, 2 ranks", "all_gather, thread backend, 2 ranks"], \
+        [s.label for s in p.series]
+
+
 @check("--band 25-75: the quartiles, interpolated linearly; a bad --band is refused")
 def _():
     p = planned(*QUARTILES, "--label", "q", "--band", "25-75")
@@ -290,6 +302,10 @@ def _():
         assert s.label.startswith(f"thread backend, 2 ranks (float, {op}) (median of 2 runs"), \
             s.label
         assert s.runs == [2] * len(s.sizes), s.runs
+    # Beside it, a file of one reduction keeps its plain label.
+    p = planned(OPS + ":ops", RUNS[0] + ":one")
+    assert [s.label.split(" (median")[0] for s in p.series] == \
+        [f"ops (float, {op})" for op in ops] + ["one"], [s.label for s in p.series]
     p = planned(OPS, "--op", "max", "--dtype", "float")
     assert len(p.series) == 1, [s.label for s in p.series]
     rows = [r for r in doc["results"] if r["redop"] == "max"]
