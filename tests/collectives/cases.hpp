@@ -5,7 +5,8 @@
 // Each case computes the ranks' inputs on the host from deterministic random data,
 // puts them in the space (host memory, or the communicator's GPU), runs the
 // collective, reads the results back through the space and compares every element
-// with a serial double-precision reference.
+// with a serial double-precision reference (exact integers for u32 and u64, whose
+// inputs span their whole range).
 
 #include "../support/memory_space.hpp"
 #include "../support/reference.hpp"
@@ -132,7 +133,7 @@ void reduce_scatter_cases(C& comm, std::uint64_t seed = 1000) {
                     outcome o;
                     std::string why;
                     for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
-                        const double got = in_place ? result[me * count + i] : result[i];
+                        const element_value got = in_place ? result[me * count + i] : result[i];
                         o.expect(
                             same(t, got, reference(t, op, seed, n, me * count + i), n, &why, i),
                             why);
@@ -172,7 +173,7 @@ void all_gather_cases(C& comm, std::uint64_t seed = 2000) {
                 outcome o;
                 for (int r = 0; r < n && o.first.empty(); ++r) {
                     for (std::size_t i = 0; i < count && o.first.empty(); ++i) {
-                        const double want = input_value(t, reduce_op::sum, seed, r, i);
+                        const element_value want = input_value(t, reduce_op::sum, seed, r, i);
                         o.expect(result[static_cast<std::size_t>(r) * count + i] == want,
                                  "block " + std::to_string(r) + " element " + std::to_string(i));
                     }
@@ -245,7 +246,8 @@ template <class Space, communicator C>
 requires memory_space<Space, C>
 void reduce_cases(C& comm, std::uint64_t seed = 4000) {
     const int n = comm.size();
-    for (dtype t : {dtype::f64, dtype::f32, dtype::bf16, dtype::f16, dtype::i32, dtype::u8}) {
+    for (dtype t : {dtype::f64, dtype::f32, dtype::bf16, dtype::f16, dtype::i32, dtype::u8,
+                    dtype::u32, dtype::u64}) {
         for (reduce_op op : all_ops) {
             if (!op_applies(t, op)) {
                 continue;
@@ -304,7 +306,8 @@ void all_to_all_cases(C& comm, std::uint64_t seed = 5000) {
             for (int q = 0; q < n && o.first.empty(); ++q) {
                 for (std::size_t i = 0; i < per_peer && o.first.empty(); ++i) {
                     // block q of my output is block `me` of rank q's input
-                    const double want = input_value(t, reduce_op::sum, seed, q, me * per_peer + i);
+                    const element_value want =
+                        input_value(t, reduce_op::sum, seed, q, me * per_peer + i);
                     o.expect(result[static_cast<std::size_t>(q) * per_peer + i] == want,
                              "block " + std::to_string(q) + " element " + std::to_string(i));
                 }

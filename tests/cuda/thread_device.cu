@@ -29,7 +29,7 @@ TEST_CASE("thread backend on device: all_reduce at 8 ranks, in place and out of 
     thread_world(8).run([](thread_communicator& comm) {
         cuda::attach(comm, 0);
         const int n = comm.size();
-        for (dtype t : {dtype::f32, dtype::bf16, dtype::f16, dtype::f64, dtype::i32}) {
+        for (dtype t : {dtype::f32, dtype::bf16, dtype::f16, dtype::f64, dtype::i32, dtype::u64}) {
             for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::max, reduce_op::prod}) {
                 if (op == reduce_op::avg && !is_floating(t)) {
                     continue;

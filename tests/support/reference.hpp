@@ -1,14 +1,17 @@
 #pragma once
 
 // Deterministic pseudo-random inputs that any rank can recompute for any other
-// rank, and a serial double-precision reference to check results against.
+// rank, and a serial double-precision reference to check results against (exact
+// integer arithmetic for the full-range unsigned types, which no double holds).
 
 #include <unison/core.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -22,6 +25,64 @@ inline std::uint64_t mix(std::uint64_t seed, int rank, std::size_t index) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+/// The dtypes whose inputs span the type's whole range and whose results are compared
+/// exactly: the 32- and 64-bit unsigned types, so that sums and products wrap modulo
+/// 2^bits (as NCCL's and MPI's do) and every bit of a uint64, which a double cannot
+/// hold above 2^53, is checked.
+inline bool full_range(dtype t) {
+    return t == dtype::u32 || t == dtype::u64;
+}
+
+/// One element as the reference sees it: a double for the floating-point types and
+/// for the integer types whose inputs are small enough that a double holds every sum
+/// and product exactly; the exact bits for the full-range types.
+class element_value {
+public:
+    /// Implicit, so that cases compare results with plain numbers.
+    element_value(double v) : real_(v) {}
+    static element_value exact(std::uint64_t bits) {
+        element_value e(0.0);
+        e.exact_ = true;
+        e.bits_ = bits;
+        return e;
+    }
+
+    bool is_exact() const { return exact_; }
+    /// The value as a double (rounded for an exact value above 2^53).
+    double real() const { return exact_ ? static_cast<double>(bits_) : real_; }
+    /// The value as an unsigned integer; a double must be a non-negative integer.
+    std::uint64_t bits() const { return exact_ ? bits_ : static_cast<std::uint64_t>(real_); }
+    std::string str() const { return exact_ ? std::to_string(bits_) : std::to_string(real_); }
+
+    /// Exact values compare bit for bit, with each other and with a double that is
+    /// the same integer; doubles compare as doubles.
+    friend bool operator==(const element_value& a, const element_value& b) {
+        if (a.exact_ && b.exact_) {
+            return a.bits_ == b.bits_;
+        }
+        if (!a.exact_ && !b.exact_) {
+            return a.real_ == b.real_;
+        }
+        const element_value& e = a.exact_ ? a : b;
+        const double d = a.exact_ ? b.real_ : a.real_;
+        return d >= 0 && d < 0x1.0p64 && d == std::floor(d) &&
+               static_cast<std::uint64_t>(d) == e.bits_;
+    }
+    friend std::ostream& operator<<(std::ostream& os, const element_value& v) {
+        return os << v.str();
+    }
+
+private:
+    double real_ = 0;
+    std::uint64_t bits_ = 0;
+    bool exact_ = false;
+};
+
+/// Keeps the bits of `v` that an element of the full-range type `t` has.
+inline std::uint64_t wrap_to_width(dtype t, std::uint64_t v) {
+    return t == dtype::u32 ? v & 0xffffffffu : v;
 }
 
 /// Rounds `v` to the nearest value representable in `t`.
@@ -40,10 +101,15 @@ inline double representable(dtype t, double v) {
     }
 }
 
-/// Input element `index` of `rank`: never all zeros, and small enough that sums and
-/// products over four ranks stay exact in the integer types.
-inline double input_value(dtype t, reduce_op op, std::uint64_t seed, int rank, std::size_t index) {
+/// Input element `index` of `rank`: never all zeros; small enough that sums and
+/// products over four ranks stay exact in the signed integer types and u8; any value
+/// of the full-range types (odd in products, which then never wrap to zero).
+inline element_value input_value(dtype t, reduce_op op, std::uint64_t seed, int rank,
+                                 std::size_t index) {
     const std::uint64_t h = mix(seed, rank, index);
+    if (full_range(t)) {
+        return element_value::exact(wrap_to_width(t, op == reduce_op::prod ? h | 1 : h));
+    }
     const double u = static_cast<double>(h >> 11) * 0x1.0p-53; // [0, 1)
     if (is_floating(t)) {
         // products stay near 1 so they neither overflow nor vanish
@@ -59,7 +125,8 @@ inline double input_value(dtype t, reduce_op op, std::uint64_t seed, int rank, s
     return static_cast<double>(static_cast<int>(h % 61) - 30);
 }
 
-inline void store(dtype t, void* p, std::size_t i, double v) {
+inline void store(dtype t, void* p, std::size_t i, const element_value& e) {
+    const double v = e.real();
     switch (t) {
     case dtype::f64:
         static_cast<double*>(p)[i] = v;
@@ -85,10 +152,16 @@ inline void store(dtype t, void* p, std::size_t i, double v) {
     case dtype::u8:
         static_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(v);
         return;
+    case dtype::u32:
+        static_cast<std::uint32_t*>(p)[i] = static_cast<std::uint32_t>(e.bits());
+        return;
+    case dtype::u64:
+        static_cast<std::uint64_t*>(p)[i] = e.bits();
+        return;
     }
 }
 
-inline double load(dtype t, const void* p, std::size_t i) {
+inline element_value load(dtype t, const void* p, std::size_t i) {
     switch (t) {
     case dtype::f64:
         return static_cast<const double*>(p)[i];
@@ -106,8 +179,12 @@ inline double load(dtype t, const void* p, std::size_t i) {
         return static_cast<const std::int8_t*>(p)[i];
     case dtype::u8:
         return static_cast<const std::uint8_t*>(p)[i];
+    case dtype::u32:
+        return element_value::exact(static_cast<const std::uint32_t*>(p)[i]);
+    case dtype::u64:
+        return element_value::exact(static_cast<const std::uint64_t*>(p)[i]);
     }
-    return 0;
+    return 0.0;
 }
 
 /// A host buffer of `count` elements of `t`.
@@ -117,8 +194,8 @@ struct host_buffer {
     buffer block(std::size_t offset, std::size_t count) {
         return {bytes.data() + offset * size_of(type), count, type};
     }
-    double operator[](std::size_t i) const { return load(type, bytes.data(), i); }
-    void set(std::size_t i, double v) { store(type, bytes.data(), i, v); }
+    element_value operator[](std::size_t i) const { return load(type, bytes.data(), i); }
+    void set(std::size_t i, const element_value& v) { store(type, bytes.data(), i, v); }
 
     dtype type;
     std::size_t n;
@@ -133,11 +210,42 @@ inline void fill(host_buffer& b, reduce_op op, std::uint64_t seed, int rank,
     }
 }
 
-/// The serial reduction over `ranks` ranks of input element `index`, in double.
-inline double reference(dtype t, reduce_op op, std::uint64_t seed, int ranks, std::size_t index) {
-    double acc = input_value(t, op, seed, 0, index);
+/// The serial reduction over `ranks` ranks of input element `index` of the full-range
+/// type `t`, in unsigned integers: sums and products wrap modulo 2^bits.
+inline element_value exact_reference(dtype t, reduce_op op, std::uint64_t seed, int ranks,
+                                     std::size_t index) {
+    std::uint64_t acc = input_value(t, op, seed, 0, index).bits();
     for (int r = 1; r < ranks; ++r) {
-        const double v = input_value(t, op, seed, r, index);
+        const std::uint64_t v = input_value(t, op, seed, r, index).bits();
+        switch (op) {
+        case reduce_op::sum:
+        case reduce_op::avg: // not asked for: avg is refused on integer dtypes
+            acc += v;
+            break;
+        case reduce_op::prod:
+            acc *= v;
+            break;
+        case reduce_op::min:
+            acc = std::min(acc, v);
+            break;
+        case reduce_op::max:
+            acc = std::max(acc, v);
+            break;
+        }
+    }
+    return element_value::exact(wrap_to_width(t, acc));
+}
+
+/// The serial reduction over `ranks` ranks of input element `index`, in double (in
+/// exact integers for the full-range types).
+inline element_value reference(dtype t, reduce_op op, std::uint64_t seed, int ranks,
+                               std::size_t index) {
+    if (full_range(t)) {
+        return exact_reference(t, op, seed, ranks, index);
+    }
+    double acc = input_value(t, op, seed, 0, index).real();
+    for (int r = 1; r < ranks; ++r) {
+        const double v = input_value(t, op, seed, r, index).real();
         switch (op) {
         case reduce_op::sum:
         case reduce_op::avg:
@@ -181,15 +289,18 @@ inline double tolerance(dtype t, int ranks) {
     return epsilon(t) * 2.0 * ranks * (ranks + 1);
 }
 
-/// Compares element `i` of `got` with `want`; on a difference, describes it.
-inline bool same(dtype t, double got, double want, int ranks, std::string* why, std::size_t i) {
+/// Compares element `i` of `got` with `want` (exact values bit for bit); on a
+/// difference, describes it.
+inline bool same(dtype t, const element_value& got, const element_value& want, int ranks,
+                 std::string* why, std::size_t i) {
     const double tol = tolerance(t, ranks);
-    if (std::fabs(got - want) <= tol) {
+    const bool exact = got.is_exact() || want.is_exact();
+    if (exact ? got == want : std::fabs(got.real() - want.real()) <= tol) {
         return true;
     }
     if (why != nullptr && why->empty()) {
-        *why = "element " + std::to_string(i) + ": got " + std::to_string(got) + ", want " +
-               std::to_string(want) + " (tolerance " + std::to_string(tol) + ")";
+        *why = "element " + std::to_string(i) + ": got " + got.str() + ", want " + want.str() +
+               (exact ? std::string(" (exact)") : " (tolerance " + std::to_string(tol) + ")");
     }
     return false;
 }

@@ -670,12 +670,18 @@ TEST_CASE("checkpoint format: rejects unknown and non-floating dtypes") {
             CHECK(what.find("is not one of double, float, half or bfloat16") != std::string::npos);
         }
     }
-    lines[18] = "range 0 0 0 0 32 int32 0";
-    CHECK_REJECTED(sealed(lines), "range 0 of tensor 'layers.0.weight' kind 'param'", "dtype int32",
-                   "floating dtypes only");
+    // Integer dtypes parse and are refused, uint32 and uint64 (newer than the format) too.
+    for (const std::string name : {"int32", "uint32", "uint64"}) {
+        CAPTURE(name);
+        lines[18] = "range 0 0 0 0 32 " + name + " 0";
+        CHECK_REJECTED(sealed(lines), "range 0 of tensor 'layers.0.weight' kind 'param'",
+                       "dtype " + name, "floating dtypes only");
+    }
     ck::metadata m = small();
     m.ranges[4].type = unison::dtype::u8;
     CHECK_INVALID(m, "range 4 of tensor 'bias' kind 'param' has dtype uint8");
+    m.ranges[4].type = unison::dtype::u64;
+    CHECK_INVALID(m, "range 4 of tensor 'bias' kind 'param' has dtype uint64");
     m.ranges[4].type = static_cast<unison::dtype>(200); // not a dtype at all
     CHECK(says(invalidity(m), {"range 4", "floating dtypes only"}));
     // Every floating dtype is accepted, by the name to_string gives it.

@@ -6,7 +6,9 @@
 // comm_options::deterministic relies on). Bit for bit (any NaN for any NaN in float and double, whose
 // payloads MPI and CUDA do not pin either), on random data with NaN, infinities,
 // signed zeros and subnormals planted, for every operation, 1-5 inputs, 1-3 outputs,
-// in and out of place, streaming or not, and block and vector-tail lengths.
+// in and out of place, streaming or not, and block and vector-tail lengths. uint32
+// and uint64: the same on values of the whole range (sums and products wrap), and a
+// few cases written out (wrapping, unsigned order, values a double cannot hold).
 
 #include "unison/core/detail/host_reduce.hpp"
 
@@ -56,7 +58,9 @@ T subnormal() {
 /// The bits of x, for the report and the comparison.
 template <class T>
 std::uint64_t bits_of(T x) {
-    if constexpr (is_16_bit<T>) {
+    if constexpr (std::is_integral_v<T>) {
+        return static_cast<std::uint64_t>(x);
+    } else if constexpr (is_16_bit<T>) {
         return x.bits;
     } else if constexpr (std::is_same_v<T, float>) {
         return std::bit_cast<std::uint32_t>(x);
@@ -68,7 +72,7 @@ std::uint64_t bits_of(T x) {
 /// Same bits; in float and double any NaN matches any NaN.
 template <class T>
 bool same_value(T got, T want) {
-    if constexpr (!is_16_bit<T>) {
+    if constexpr (std::is_floating_point_v<T>) {
         if (std::isnan(got) && std::isnan(want)) {
             return true;
         }
@@ -76,6 +80,18 @@ bool same_value(T got, T want) {
     return bits_of(got) == bits_of(want);
 }
 
+/// Any values of an unsigned type, so that sums and products wrap.
+template <class T>
+requires std::is_unsigned_v<T> std::vector<T> random_values(std::size_t count,
+                                                            std::mt19937_64& gen) {
+    std::vector<T> v(count);
+    for (T& x : v) {
+        x = static_cast<T>(gen());
+    }
+    return v;
+}
+
+/// Values in [-4, 4) with NaN, infinities, signed zeros and subnormals planted.
 template <class T>
 std::vector<T> random_values(std::size_t count, std::mt19937_64& gen) {
     std::uniform_real_distribution<float> value(-4.0f, 4.0f);
@@ -113,13 +129,13 @@ template <class A>
 A combine(reduce_op op, A acc, A x) {
     switch (op) {
     case reduce_op::prod:
-        return acc * x;
+        return static_cast<A>(acc * x);
     case reduce_op::min:
         return x < acc ? x : acc;
     case reduce_op::max:
         return acc < x ? x : acc;
     default:
-        return acc + x;
+        return static_cast<A>(acc + x);
     }
 }
 
@@ -133,6 +149,9 @@ void check_reductions(const char* type) {
     std::string first;
     for (const std::size_t count : counts) {
         for (const reduce_op op : ops) {
+            if (op == reduce_op::avg && std::is_integral_v<T>) {
+                continue; // refused for integer dtypes before any reduction
+            }
             for (int n = 1; n <= 5; ++n) {
                 for (int m = 1; m <= 3; ++m) {
                     for (const bool streaming : {false, true}) {
@@ -219,4 +238,36 @@ TEST_CASE("host_reduce: float equals the element-by-element reduction bit for bi
 
 TEST_CASE("host_reduce: double equals the element-by-element reduction bit for bit") {
     check_reductions<double>("double");
+}
+
+TEST_CASE("host_reduce: uint32 and uint64 equal the element-by-element reduction") {
+    check_reductions<std::uint32_t>("uint32");
+    check_reductions<std::uint64_t>("uint64");
+}
+
+TEST_CASE("host_reduce: unsigned sums and products wrap, and min and max compare unsigned") {
+    const auto reduce2 = [](auto a, auto b, reduce_op op) {
+        using T = decltype(a);
+        const T in[2] = {a, b};
+        T out = 0;
+        const void* inputs[2] = {&in[0], &in[1]};
+        void* outputs[1] = {&out};
+        unison::detail::host_reduce(unison::dtype_of<T>, op, inputs, 2, outputs, 1, 1);
+        return out;
+    };
+    const std::uint32_t top32 = 0xffffffffu, high32 = 0x80000000u;
+    CHECK(reduce2(top32, std::uint32_t{2}, reduce_op::sum) == 1u);
+    CHECK(reduce2(high32, std::uint32_t{2}, reduce_op::prod) == 0u);
+    CHECK(reduce2(0x10001u, 0x10001u, reduce_op::prod) == 0x20001u);
+    CHECK(reduce2(high32, std::uint32_t{1}, reduce_op::min) == 1u);
+    CHECK(reduce2(std::uint32_t{1}, high32, reduce_op::max) == high32);
+
+    const std::uint64_t top64 = ~std::uint64_t{0}, high64 = std::uint64_t{1} << 63;
+    CHECK(reduce2(top64, std::uint64_t{2}, reduce_op::sum) == 1u);
+    CHECK(reduce2(high64, std::uint64_t{2}, reduce_op::prod) == 0u);
+    CHECK(reduce2(top64, top64, reduce_op::prod) == 1u); // (-1)^2 modulo 2^64
+    CHECK(reduce2(high64, std::uint64_t{1}, reduce_op::min) == 1u);
+    CHECK(reduce2(std::uint64_t{1}, high64, reduce_op::max) == high64);
+    // above 2^53: a double could not tell these apart
+    CHECK(reduce2(top64 - 2, std::uint64_t{1}, reduce_op::sum) == top64 - 1);
 }

@@ -14,6 +14,7 @@
 #include <list>
 #include <random>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -38,6 +39,8 @@ static_assert(unison::writable_tensor<unison::view<std::uint8_t>> &&
               !unison::writable_tensor<unison::view<const std::uint8_t>>);
 static_assert(unison::writable_tensor<unison::buffer> && unison::tensor<unison::const_buffer> &&
               !unison::writable_tensor<unison::const_buffer>);
+static_assert(unison::writable_tensor<std::vector<std::uint32_t>&> &&
+              unison::writable_tensor<std::vector<std::uint64_t>&>);
 
 // Not tensors: no element type, not contiguous, not a container.
 static_assert(!unison::tensor<std::vector<bool>>);
@@ -86,7 +89,8 @@ static_assert(unison::tensor<const dynamic_tensor&> &&
 
 namespace {
 
-/// Rank `rank`'s input: `count` random values of type `T`, never all zero.
+/// Rank `rank`'s input: `count` random values of type `T`, never all zero (any
+/// value of an unsigned type, so that sums wrap).
 template <class T>
 dynamic_tensor random_input(int rank, std::size_t count) {
     std::mt19937_64 rng(1000 + static_cast<std::uint64_t>(rank));
@@ -94,6 +98,8 @@ dynamic_tensor random_input(int rank, std::size_t count) {
     for (std::size_t i = 0; i < count; ++i) {
         if constexpr (std::is_floating_point_v<T>) {
             t.set<T>(i, static_cast<T>(std::uniform_real_distribution<double>(-4.0, 4.0)(rng)));
+        } else if constexpr (std::is_unsigned_v<T>) {
+            t.set<T>(i, static_cast<T>(rng()));
         } else {
             t.set<T>(i, static_cast<T>(std::uniform_int_distribution<int>(-1000, 1000)(rng)));
         }
@@ -103,18 +109,20 @@ dynamic_tensor random_input(int rank, std::size_t count) {
 
 /// all_reduce (sum, out of place and in place) of a dynamic_tensor of element type
 /// `T` over 3 thread ranks, checked element by element against a serial sum in
-/// double of the three ranks' inputs. `tolerance` is relative to the sum of
-/// magnitudes, 0 for exact.
+/// double of the three ranks' inputs (in `T` itself for the unsigned types, exact
+/// and wrapping). `tolerance` is relative to the sum of magnitudes, 0 for exact.
 template <class T>
 void check_dynamic_all_reduce(double tolerance) {
     constexpr int ranks = 3;
     constexpr std::size_t count = 5003; // not a multiple of the ranks or of a cache line
     std::vector<double> sum(count, 0.0), magnitude(count, 0.0);
+    std::vector<T> wrapped(count, T{});
     for (int r = 0; r < ranks; ++r) {
         const dynamic_tensor in = random_input<T>(r, count);
         for (std::size_t i = 0; i < count; ++i) {
             sum[i] += static_cast<double>(in.get<T>(i));
             magnitude[i] += std::fabs(static_cast<double>(in.get<T>(i)));
+            wrapped[i] = static_cast<T>(wrapped[i] + in.get<T>(i));
         }
     }
     std::vector<dynamic_tensor> out_of_place(ranks, dynamic_tensor(0, unison::dtype_of<T>));
@@ -139,7 +147,10 @@ void check_dynamic_all_reduce(double tolerance) {
             std::size_t first = count;
             for (std::size_t i = 0; i < count; ++i) {
                 const double got = static_cast<double>(result->get<T>(i));
-                if (std::fabs(got - sum[i]) > tolerance * magnitude[i]) {
+                const bool ok = std::is_unsigned_v<T>
+                                    ? result->get<T>(i) == wrapped[i]
+                                    : std::fabs(got - sum[i]) <= tolerance * magnitude[i];
+                if (!ok) {
                     first = wrong++ == 0 ? i : first;
                 }
             }
@@ -284,5 +295,11 @@ TEST_CASE("tensor: all_reduce of a user tensor type over 3 thread ranks") {
     }
     SUBCASE("int64") {
         check_dynamic_all_reduce<std::int64_t>(0);
+    }
+    SUBCASE("uint32") {
+        check_dynamic_all_reduce<std::uint32_t>(0);
+    }
+    SUBCASE("uint64") {
+        check_dynamic_all_reduce<std::uint64_t>(0);
     }
 }

@@ -22,6 +22,10 @@
 /// | kHalf, kBFloat16     | f16, bf16    |     | kCUDA:i      | `device::cuda(i)`   |
 /// | kLong, kInt          | i64, i32     |     |              |                     |
 /// | kChar, kByte         | i8, u8       |     |              |                     |
+/// | kUInt32, kUInt64     | u32, u64     |     |              |                     |
+///
+/// LibTorch has UInt32 and UInt64 from version 2.3 on (`UNISON_TORCH_HAS_UINT32_64()`);
+/// before, no tensor has them and `torch_dtype` gives `Undefined` for u32 and u64.
 ///
 /// Like every adapter, a `const torch::Tensor` is read-only to unison (an input),
 /// a non-const one writable; `p.grad()` returns a const reference, so pass
@@ -38,10 +42,19 @@
 #include <c10/core/Layout.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/StringUtil.h>
+#include <torch/version.h>
 
 #include <cstddef>
 #include <optional>
 #include <string>
+
+/// 1 where LibTorch has the 32- and 64-bit unsigned scalar types (UInt32, UInt64:
+/// LibTorch 2.3 and later), else 0.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define UNISON_TORCH_HAS_UINT32_64() 1
+#else
+#define UNISON_TORCH_HAS_UINT32_64() 0
+#endif
 
 namespace unison {
 
@@ -64,12 +77,19 @@ constexpr std::optional<dtype> dtype_from_torch(c10::ScalarType t) noexcept {
         return dtype::i8;
     case c10::ScalarType::Byte:
         return dtype::u8;
+#if UNISON_TORCH_HAS_UINT32_64()
+    case c10::ScalarType::UInt32:
+        return dtype::u32;
+    case c10::ScalarType::UInt64:
+        return dtype::u64;
+#endif
     default:
         return std::nullopt;
     }
 }
 
-/// The torch scalar type of unison dtype `t` (for `torch::empty(..., torch_dtype(t))`).
+/// The torch scalar type of unison dtype `t` (for `torch::empty(..., torch_dtype(t))`);
+/// `Undefined` for u32 and u64 where this LibTorch has no such scalar type.
 constexpr c10::ScalarType torch_dtype(dtype t) noexcept {
     switch (t) {
     case dtype::f64:
@@ -88,6 +108,16 @@ constexpr c10::ScalarType torch_dtype(dtype t) noexcept {
         return c10::ScalarType::Char;
     case dtype::u8:
         return c10::ScalarType::Byte;
+#if UNISON_TORCH_HAS_UINT32_64()
+    case dtype::u32:
+        return c10::ScalarType::UInt32;
+    case dtype::u64:
+        return c10::ScalarType::UInt64;
+#else
+    case dtype::u32:
+    case dtype::u64:
+        return c10::ScalarType::Undefined;
+#endif
     }
     return c10::ScalarType::Undefined;
 }
@@ -100,6 +130,15 @@ inline c10::Device torch_device(device d) {
 
 namespace detail {
 
+/// The torch scalar types unison moves, for error messages.
+#if UNISON_TORCH_HAS_UINT32_64()
+inline constexpr const char* torch_dtype_names =
+    "Double, Float, Half, BFloat16, Long, Int, Char, Byte, UInt32 and UInt64";
+#else
+inline constexpr const char* torch_dtype_names =
+    "Double, Float, Half, BFloat16, Long, Int, Char and Byte";
+#endif
+
 [[noreturn]] inline void torch_tensor_error(const std::string& detail) {
     throw argument_error(-1, "tensor_traits<torch::Tensor>", detail);
 }
@@ -109,8 +148,8 @@ inline dtype torch_tensor_dtype(const at::Tensor& t) {
     const std::optional<dtype> d = dtype_from_torch(t.scalar_type());
     if (!d) {
         torch_tensor_error(std::string("unsupported dtype ") + c10::toString(t.scalar_type()) +
-                           "; unison moves Double, Float, Half, BFloat16, Long, Int, Char "
-                           "and Byte tensors (convert with .to(...) first)");
+                           "; unison moves " + torch_dtype_names +
+                           " tensors (convert with .to(...) first)");
     }
     return *d;
 }

@@ -112,6 +112,10 @@ inline void device_reduce(dtype type, reduce_op op, const reduce_pointers& p, in
         return detail::launch_reduce<std::int8_t>(op, p, n, m, count, divisor, stream);
     case dtype::u8:
         return detail::launch_reduce<std::uint8_t>(op, p, n, m, count, divisor, stream);
+    case dtype::u32:
+        return detail::launch_reduce<std::uint32_t>(op, p, n, m, count, divisor, stream);
+    case dtype::u64:
+        return detail::launch_reduce<std::uint64_t>(op, p, n, m, count, divisor, stream);
     }
 }
 

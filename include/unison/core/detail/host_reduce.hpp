@@ -345,6 +345,12 @@ inline void host_reduce(dtype type, reduce_op op, const void* const* inputs, int
     case dtype::u8:
         return reduce_dispatch_op<std::uint8_t>(op, inputs, n, outputs, m, count, divisor,
                                                 streaming);
+    case dtype::u32:
+        return reduce_dispatch_op<std::uint32_t>(op, inputs, n, outputs, m, count, divisor,
+                                                 streaming);
+    case dtype::u64:
+        return reduce_dispatch_op<std::uint64_t>(op, inputs, n, outputs, m, count, divisor,
+                                                 streaming);
     }
 }
 

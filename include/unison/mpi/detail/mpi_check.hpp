@@ -95,6 +95,10 @@ inline MPI_Datatype mpi_datatype(dtype t) noexcept {
         return MPI_INT8_T;
     case dtype::u8:
         return MPI_UINT8_T;
+    case dtype::u32:
+        return MPI_UINT32_T;
+    case dtype::u64:
+        return MPI_UINT64_T;
     }
     return MPI_BYTE;
 }

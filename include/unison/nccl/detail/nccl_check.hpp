@@ -37,6 +37,10 @@ inline ncclDataType_t nccl_datatype(dtype t) noexcept {
         return ncclInt8;
     case dtype::u8:
         return ncclUint8;
+    case dtype::u32:
+        return ncclUint32;
+    case dtype::u64:
+        return ncclUint64;
     }
     return ncclUint8;
 }
