@@ -1,9 +1,11 @@
 #pragma once
 
 /// \file
-/// unison-bench's command line: nccl-tests' options (-b -e -f -i -n -w -c -d -o -r -a
-/// -T -t -C -J) and its choice of collective by program name, plus the backend, the
-/// output format and the baselines.
+/// unison-bench's command line: every option of nccl-tests 2.19 with its defaults
+/// and its choice of collective by program name, plus the backend, the output
+/// format and the baselines. nccl-tests' options that only steer NCCL or CUDA
+/// (-g, -G, -z, -R, ...) are accepted with the values that mean "one" or "off" and
+/// named in the header; other values are refused with the reason.
 
 #include "collective_shape.hpp"
 
@@ -21,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace unison::bench {
@@ -45,19 +48,31 @@ enum class output_format : std::uint8_t { text, json, csv };
 
 /// Everything one run of unison-bench is asked to do.
 struct bench_config {
-    std::size_t min_bytes = std::size_t{32} << 20; ///< -b (nccl-tests' default)
+    // Defaults are nccl-tests 2.19's (src/common.cu).
+    std::size_t min_bytes = std::size_t{32} << 20; ///< -b
     std::size_t max_bytes = std::size_t{32} << 20; ///< -e
-    std::size_t step_factor = 2;                   ///< -f
-    /// -i: sizes grow by this many bytes instead of by -f (nccl-tests' -i); 0: by -f.
-    std::size_t step_bytes = 0;
-    bool step_factor_given = false;
+    /// -f: sizes are multiplied by this when it is above 1; at 1 (the default) they
+    /// grow by -i bytes, as in nccl-tests.
+    std::size_t step_factor = 1;
+    std::size_t step_bytes = std::size_t{1} << 20; ///< -i
     /// -T: seconds every wait may take (UNISON_TIMEOUT); 0: the environment's.
     int timeout_seconds = 0;
-    int iters = 20;                                           ///< -n
-    int warmup_iters = 5;                                     ///< -w
-    bool check = true;                                        ///< -c
-    dtype type = dtype::f32;                                  ///< -d
-    reduce_op op = reduce_op::sum;                            ///< -o
+    int iters = 20;          ///< -n
+    int warmup_iters = 1;    ///< -w: calls at every power-of-two multiple of -b up to -e
+    bool check = true;       ///< -c
+    int cycles = 1;          ///< -N: the table is timed this many times over
+    int unalign = 0;         ///< -u: elements by which both buffers are misaligned
+    bool per_iter = false;   ///< -I: every iteration timed alone, with i_* columns
+    int per_iter_skip = 0;   ///< -K: leading iterations left out of the i_* columns
+    bool timestamps = false; ///< -S: a timestamp at the end of every row
+    /// -d: the data types timed, one table section each ("all": nccl-tests' list,
+    /// those unison has); `type` is the one being timed.
+    std::vector<dtype> types{dtype::f32};
+    dtype type = dtype::f32;
+    /// -o: the reductions timed ("all": sum, prod, max, min, avg); `op` is the one
+    /// being timed.
+    std::vector<reduce_op> ops{reduce_op::sum};
+    reduce_op op = reduce_op::sum;
     collective_kind collective = collective_kind::all_reduce; ///< --collective
     bool collective_given = false;
     backend_kind backend = backend_kind::thread; ///< -B
@@ -74,8 +89,13 @@ struct bench_config {
     /// (exit status 1) when the main table's average bus bandwidth is below it. < 0:
     /// no threshold.
     double min_busbw = -1;
-    int thread_ranks = 2; ///< -t
+    int thread_ranks = 2; ///< -t (times -g): the thread backend's ranks
     bool thread_ranks_given = false;
+    /// -g: nccl-tests' GPUs per thread. On the thread backend, -t x -g ranks (each
+    /// a "device" of the one process, as in nccl-tests); elsewhere only 1, one
+    /// device per rank.
+    int devices_per_thread = 1;
+    bool devices_given = false;
     int root = 0; ///< -r
     output_format format = output_format::text;
     bool baseline = false;
@@ -92,39 +112,56 @@ struct bench_config {
     std::string program_name = "unison-bench";
     /// The command line as given, for the JSON file's "args".
     std::vector<std::string> command_line;
+    /// nccl-tests' options given with the value that has no effect here ("-g 1"),
+    /// each with why; the header names them.
+    std::vector<std::string> neutral;
+
+    /// Whether sizes grow by -i bytes rather than by the factor -f.
+    bool steps_by_bytes() const noexcept { return step_factor <= 1; }
 };
 
-/// Why an nccl-tests option letter has no meaning in unison-bench, or "" if it has.
-constexpr std::string_view nccl_tests_only(char letter) noexcept {
-    switch (letter) {
-    case 'g':
-        return "one device per rank (start one process per GPU)";
-    case 'm':
-        return "calls are not aggregated into one launch";
-    case 'N':
-        return "one cycle per run (run it again for more)";
-    case 'z':
-        return "unison's calls are non-blocking by design";
-    case 'y':
-        return "the NCCL backend uses its own stream";
-    case 'G':
-        return "CUDA graphs are not captured";
-    case 'R':
-        return "buffers are not registered with NCCL";
-    case 'p':
-        return "communicators are created one at a time";
-    case 'x':
-    case 'D':
-    case 'V':
-        return "NCCL's device-side options are not exposed";
-    case 'M':
-        return "no memory report";
-    case 'S':
-        return "no timestamps";
-    default:
-        return {};
+/// An nccl-tests option that steers only NCCL or CUDA: the value that leaves it
+/// without effect ("one" or "off"), accepted and named in the header, and why any
+/// other is refused.
+struct nccl_tests_only_option {
+    char letter;
+    std::string_view long_name;
+    std::string_view neutral; ///< the accepted value; "" when none is
+    std::string_view why;
+};
+
+inline constexpr nccl_tests_only_option nccl_tests_only_options[] = {
+    {'m', "agg_iters", "1", "calls are not aggregated into one group launch"},
+    {'z', "blocking", "0",
+     "calls are issued back to back as nccl-tests' -z 0 does; its blocking modes are not "
+     "offered"},
+    {'y', "stream_null", "0", "the NCCL backend uses its own stream"},
+    {'G', "cudagraph", "0", "CUDA graphs are not captured"},
+    {'R', "local_register", "0", "buffers are not registered with NCCL"},
+    {'p', "parallel_init", "0", "communicators are created one at a time"},
+    {'x', "cta_policy", "", "NCCL's CTA policy is not exposed"},
+    {'D', "device_implementation", "0", "NCCL's device-side implementations are not exposed"},
+    {'V', "device_cta_count", "16", "NCCL's device-side implementations are not exposed"},
+    {'M', "memory", "0", "no device memory report"},
+};
+
+/// The entry for nccl-tests' option `letter`, or null.
+constexpr const nccl_tests_only_option* find_nccl_tests_only(char letter) noexcept {
+    for (const auto& o : nccl_tests_only_options) {
+        if (o.letter == letter) {
+            return &o;
+        }
     }
+    return nullptr;
 }
+
+/// nccl-tests' data type names, in its order for -d all; those unison has are timed.
+inline constexpr std::string_view nccl_tests_type_names[] = {
+    "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16"};
+
+/// nccl-tests' reductions, in its order for -o all.
+inline constexpr reduce_op nccl_tests_ops[] = {reduce_op::sum, reduce_op::prod, reduce_op::max,
+                                               reduce_op::min, reduce_op::avg};
 
 /// Whether `avg_busbw` (GB/s) fails the run's threshold (--min-busbw).
 inline bool below_threshold(const bench_config& cfg, double avg_busbw) {
@@ -174,19 +211,36 @@ Times unison's collectives the way NVIDIA's nccl-tests time NCCL, and prints the
 same table (size, count, type, redop, root, then time, algbw, busbw and #wrong
 out of place and in place).
 
-  -b, --minbytes <size>      smallest size, bytes; K, M, G suffixes (x1024) [32M]
+Defaults are nccl-tests 2.19's, so that its command lines give the same rows.
+
+  -b, --minbytes <size>      smallest size in bytes, with an optional K, M or G
+                             (x1024) and fractions as nccl-tests reads them
+                             ("1.5K" is 1536) [32M]
   -e, --maxbytes <size>      largest size [32M]
-  -f, --stepfactor <n>       multiply the size by n at each step, n >= 2 [2]
-  -i, --stepbytes <size>     add this many bytes at each step instead (used when
-                             -f is not given, as in nccl-tests)
+  -f, --stepfactor <n>       multiply the size by n at each step; 1: add -i bytes
+                             instead [1]
+  -i, --stepbytes <size>     bytes added at each step when -f is 1 [1M]
   -n, --iters <n>            timed iterations per size [20]
-  -w, --warmup_iters <n>     warm-up iterations at the largest and smallest size [5]
+  -w, --warmup_iters <n>     untimed calls at -b, 2 x -b, 4 x -b, ... up to -e,
+                             before the table [1]
   -c, --check <n>            n > 0: check one extra call per size against a serial
                              double-precision reference, counted in #wrong; 0: no
                              check (nccl-tests' check count; one check is enough
                              here, the reference being exact) [1]
-  -d, --datatype <type>      float, half, bfloat16, double, int32, int64, int8, uint8 [float]
-  -o, --op <op>              sum, prod, min, max, avg (avg: floating types only) [sum]
+  -d, --datatype <type>      int8, uint8, int32, uint32, int64, uint64, half,
+                             float, double, bfloat16, or all (each in turn, in
+                             that order) [float]
+  -o, --op <op>              sum, prod, max, min, avg (floating types only), or
+                             all (each in turn; avg skipped on integer types) [sum]
+  -N, --run_cycles <n>       time the whole table n times over [1]
+  -u, --unalign <n>          start both buffers n elements past their alignment [0]
+  -I, --per_iter_timing <0/1>
+                             1: time every iteration alone and add i_min, i_max,
+                             i_p99 and i_cv% (the slowest rank's per iteration) to
+                             each side, with every iteration's time in the -J file [0]
+  -K, --per_iter_skip <n>    leave the first n iterations out of the i_* columns [0]
+  -S, --report_timestamps <0/1>
+                             1: end every row with the time it was measured [0]
       --collective <name>    all_reduce, all_gather, reduce_scatter, broadcast
                              [all_reduce, or the one the program name says]
   -B, --backend <name>       thread, mpi, nccl [thread; mpi when started by an MPI
@@ -197,8 +251,8 @@ out of place and in place).
                              calls, before waiting for them (nccl-tests' -C; the
                              same as the full time on the thread and MPI backends,
                              whose calls block); algbw and busbw do not change [0]
-  -J, --output_file <file>   also write nccl-tests' JSON file, in nccl-tests 2.17's
-                             layout (file version 1), baselines under a key of
+  -J, --output_file <file>   also write nccl-tests' JSON file, in nccl-tests 2.19's
+                             layout (file version 3), baselines under a key of
                              their own. The name must end in .json; an existing
                              file is kept and the next free <file>.0, <file>.1,
                              ... written instead, as nccl-tests does. Like
@@ -208,7 +262,12 @@ out of place and in place).
       --min-busbw <GB/s>     fail (exit status 1) when the average bus bandwidth
                              is below this; nccl-tests' NCCL_TESTS_MIN_BW is read
                              too (failing below 0.9 of it, as nccl-tests does)
-  -t, --nthreads <n>         ranks of the thread backend [2]
+  -t, --nthreads <n>         ranks of the thread backend [2]; under an MPI launcher
+                             only 1 (one rank per process)
+  -g, --ngpus <n>            nccl-tests' GPUs per thread: on the thread backend
+                             -t x -g ranks in all (-t counting 1 when only -g is
+                             given, as in nccl-tests); elsewhere only 1, one
+                             device per rank [1]
   -r, --root <rank>          root of broadcast [0]
       --format <fmt>         text, json or csv [text]
       --baseline             also time references: local-add (a single-threaded
@@ -240,11 +299,16 @@ broadcast. time is the mean over -n back-to-back calls, averaged over the ranks
 as -a says. The exit status is 0, 1 when a result was wrong or the bandwidth below
 the threshold, 2 for a bad command line.
 
-nccl-tests options with no meaning here (each is refused with the reason):
--g (GPUs per thread: one device per rank), -m (aggregated launches), -N (run
-cycles), -z (blocking NCCL calls), -y (the null stream), -G (CUDA graphs), -R
-(buffer registration), -p (parallel init), -x/-D/-V (NCCL device options), -M
-(memory report), -S (timestamps).
+nccl-tests options that steer only NCCL or CUDA are accepted with the value that
+leaves them without effect, and the header names them; any other value is refused
+with the reason: -m 1 (aggregated launches), -z 0
+(blocking modes), -y 0 (the null stream), -G 0 (CUDA graphs), -R 0 (buffer
+registration), -p 0 (parallel init), -D 0 and -V 16 (NCCL's device
+implementations), -M 0 (memory report); -x (CTA policy) is refused.
+
+Baseline tables (--baseline) come after nccl-tests' closing line "# Collective test
+concluded", their rows and headers as '#' lines, so that parsers of nccl-tests'
+logs read the main table alone.
 
 --format json writes unison-bench's own flat records (one per size and table) to
 stdout instead of the text; -J writes nccl-tests' nested document to a file and
@@ -255,44 +319,51 @@ leaves stdout as it is.
 
 namespace detail {
 
-/// Parses "8", "64K", "32M", "1G" (binary multiples, like nccl-tests; an optional
-/// trailing "B" or "iB" is accepted).
+/// Parses a size as nccl-tests' parsesize reads one: a number, fractions allowed
+/// ("1.5K", "0.5M", "1e3"), then optionally K, M or G in either case (binary
+/// multiples), the result rounded down to whole bytes. Also accepted: a trailing
+/// "B" or "iB" ("64KB", "64KiB", "8B"). Refused: a negative, a non-finite or an
+/// out-of-range value, and anything else after the number.
 inline std::optional<std::size_t> parse_bytes(std::string_view s) {
-    std::size_t digits = 0;
-    while (digits < s.size() && s[digits] >= '0' && s[digits] <= '9') {
-        ++digits;
-    }
-    if (digits == 0 || digits > 18) {
+    double value = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (s.empty() || ec != std::errc() || !std::isfinite(value) || value < 0) {
         return std::nullopt;
     }
-    std::size_t value = 0;
-    for (std::size_t i = 0; i < digits; ++i) {
-        value = value * 10 + static_cast<std::size_t>(s[i] - '0');
+    std::string_view unit = s.substr(static_cast<std::size_t>(end - s.data()));
+    while (!unit.empty() && unit.front() == ' ') {
+        unit.remove_prefix(1);
     }
-    std::string_view unit = s.substr(digits);
-    if (unit.ends_with("iB")) {
-        unit.remove_suffix(2);
-    } else if (unit.size() == 2 && unit.back() == 'B') {
-        unit.remove_suffix(1);
-    } else if (unit == "B") {
-        unit = {};
+    double scale = 1;
+    if (!unit.empty()) {
+        switch (unit.front()) {
+        case 'K':
+        case 'k':
+            scale = 1024.0;
+            break;
+        case 'M':
+        case 'm':
+            scale = 1024.0 * 1024.0;
+            break;
+        case 'G':
+        case 'g':
+            scale = 1024.0 * 1024.0 * 1024.0;
+            break;
+        default:
+            break;
+        }
+        if (scale > 1) {
+            unit.remove_prefix(1);
+        }
     }
-    unsigned shift = 0;
-    if (unit.empty()) {
-        shift = 0;
-    } else if (unit == "K" || unit == "k") {
-        shift = 10;
-    } else if (unit == "M" || unit == "m") {
-        shift = 20;
-    } else if (unit == "G" || unit == "g") {
-        shift = 30;
-    } else {
+    if (!(unit.empty() || unit == "B" || (scale > 1 && unit == "iB"))) {
         return std::nullopt;
     }
-    if (value > (std::numeric_limits<std::size_t>::max() >> shift)) {
+    const double bytes = std::floor(value * scale);
+    if (bytes >= 9.2e18) { // past what a size_t (and nccl-tests' cast) holds exactly
         return std::nullopt;
     }
-    return value << shift;
+    return static_cast<std::size_t>(bytes);
 }
 
 inline std::optional<long long> parse_integer(std::string_view s) {
@@ -360,6 +431,26 @@ inline std::optional<reduce_op> parse_reduce_op(std::string_view s) {
 
 } // namespace detail
 
+/// The (type, op) pairs a run times, one table section each, in nccl-tests' order:
+/// every -d type and, for a collective that reduces, every -o reduction but avg on
+/// integer types (unison refuses it there); collectives that do not reduce time one
+/// section per type.
+inline std::vector<std::pair<dtype, reduce_op>> timed_kinds(const bench_config& cfg) {
+    std::vector<std::pair<dtype, reduce_op>> kinds;
+    for (dtype t : cfg.types) {
+        if (!reduces(cfg.collective)) {
+            kinds.emplace_back(t, reduce_op::sum);
+            continue;
+        }
+        for (reduce_op op : cfg.ops) {
+            if (op != reduce_op::avg || is_floating(t)) {
+                kinds.emplace_back(t, op);
+            }
+        }
+    }
+    return kinds;
+}
+
 /// Parses the command line; throws usage_error naming the offending option.
 inline bench_config parse_command_line(int argc, const char* const* argv) {
     struct option_spec {
@@ -368,18 +459,36 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
         bool takes_value;
     };
     static constexpr option_spec specs[] = {
-        {'b', "minbytes", true},     {'e', "maxbytes", true},
-        {'f', "stepfactor", true},   {'n', "iters", true},
-        {'w', "warmup_iters", true}, {'c', "check", true},
-        {'d', "datatype", true},     {'o', "op", true},
-        {'\0', "collective", true},  {'B', "backend", true},
-        {'t', "nthreads", true},     {'r', "root", true},
-        {'\0', "format", true},      {'\0', "baseline", false},
-        {'h', "help", false},        {'a', "average", true},
-        {'\0', "min-busbw", true},   {'i', "stepbytes", true},
-        {'T', "timeout", true},      {'C', "report_cputime", true},
-        {'J', "output_file", true},  {'\0', "rounds", true},
-        {'\0', "algorithm", true},   {'\0', "version", false},
+        {'b', "minbytes", true},
+        {'e', "maxbytes", true},
+        {'f', "stepfactor", true},
+        {'n', "iters", true},
+        {'w', "warmup_iters", true},
+        {'c', "check", true},
+        {'d', "datatype", true},
+        {'o', "op", true},
+        {'\0', "collective", true},
+        {'B', "backend", true},
+        {'t', "nthreads", true},
+        {'r', "root", true},
+        {'\0', "format", true},
+        {'\0', "baseline", false},
+        {'h', "help", false},
+        {'a', "average", true},
+        {'\0', "min-busbw", true},
+        {'i', "stepbytes", true},
+        {'T', "timeout", true},
+        {'C', "report_cputime", true},
+        {'J', "output_file", true},
+        {'\0', "rounds", true},
+        {'\0', "algorithm", true},
+        {'\0', "version", false},
+        {'N', "run_cycles", true},
+        {'u', "unalign", true},
+        {'I', "per_iter_timing", true},
+        {'K', "per_iter_skip", true},
+        {'S', "report_timestamps", true},
+        {'g', "ngpus", true},
     };
 
     bench_config cfg;
@@ -395,6 +504,7 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string_view arg = argv[i];
         const option_spec* spec = nullptr;
+        const nccl_tests_only_option* only = nullptr;
         std::optional<std::string_view> inline_value;
         if (arg.starts_with("--")) {
             std::string_view name = arg.substr(2);
@@ -407,10 +517,15 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
                     spec = &s;
                 }
             }
+            for (const auto& o : nccl_tests_only_options) {
+                if (o.long_name == name) {
+                    only = &o;
+                }
+            }
         } else if (arg.size() >= 2 && arg[0] == '-') {
-            if (const std::string_view why = nccl_tests_only(arg[1]); !why.empty()) {
-                throw usage_error("nccl-tests' option -" + std::string(1, arg[1]) +
-                                  " has no meaning here: " + std::string(why));
+            only = find_nccl_tests_only(arg[1]);
+            if (only != nullptr && arg.size() > 2) {
+                inline_value = arg.substr(2);
             }
             for (const auto& s : specs) {
                 if (s.short_name != '\0' && s.short_name == arg[1]) {
@@ -422,6 +537,33 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
             }
         } else {
             throw usage_error("unexpected argument '" + std::string(arg) + "'");
+        }
+        if (only != nullptr) { // nccl-tests' option for NCCL or CUDA: its neutral value
+            const std::string shown = "-" + std::string(1, only->letter);
+            std::string_view value;
+            if (inline_value) {
+                value = *inline_value;
+            } else if (i + 1 < argc) {
+                value = argv[++i];
+            } else {
+                throw usage_error("option " + shown + " needs a value");
+            }
+            const auto v = detail::parse_integer(value);
+            const auto neutral = detail::parse_integer(only->neutral);
+            // -V counts CTAs of the device implementations, which -D 0 leaves unused:
+            // any count nccl-tests accepts (1..128) changes nothing.
+            const bool accepted =
+                v && (only->letter == 'V' ? *v >= 1 && *v <= 128 : neutral && *v == *neutral);
+            if (!accepted) {
+                throw usage_error(
+                    "nccl-tests' option " + shown + " " + std::string(value) +
+                    " has no meaning here: " + std::string(only->why) +
+                    (only->neutral.empty()
+                         ? std::string()
+                         : " (" + shown + " " + std::string(only->neutral) + " is accepted)"));
+            }
+            cfg.neutral.push_back(shown + " " + std::to_string(*v));
+            continue;
         }
         if (spec == nullptr) {
             throw usage_error("unknown option '" + std::string(arg) + "'");
@@ -463,9 +605,8 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
             break;
         }
         case 'f':
-            cfg.step_factor =
-                static_cast<std::size_t>(integer_in(2, 1 << 20, "a step factor >= 2"));
-            cfg.step_factor_given = true;
+            cfg.step_factor = static_cast<std::size_t>(
+                integer_in(1, 1 << 20, "a step factor >= 1 (1: steps of -i bytes)"));
             break;
         case 'i': {
             const auto v = detail::parse_bytes(value);
@@ -490,22 +631,64 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
             cfg.check = integer_in(0, 1 << 30, "a check count >= 0") > 0;
             break;
         case 'd': {
-            const auto t = parse_dtype(value);
-            if (!t) {
-                throw bad("a data type (float, half, bfloat16, double, int32, int64, int8, "
-                          "uint8)");
+            if (value == "all") {
+                cfg.types.clear();
+                for (std::string_view name : nccl_tests_type_names) {
+                    if (const auto t = parse_dtype(name)) {
+                        cfg.types.push_back(*t);
+                    }
+                }
+                break;
             }
-            cfg.type = *t;
+            if (value == "f8e4m3" || value == "f8e5m2") {
+                throw usage_error("option -d: unison has no 8-bit float type ('" +
+                                  std::string(value) + "')");
+            }
+            const auto t = parse_dtype(value);
+            std::string known;
+            for (std::string_view name : nccl_tests_type_names) {
+                if (parse_dtype(name)) {
+                    known += (known.empty() ? "" : ", ") + std::string(name);
+                }
+            }
+            if (!t) {
+                throw bad("a data type (" + known + ", or all)");
+            }
+            cfg.types = {*t};
             break;
         }
         case 'o': {
+            if (value == "all") {
+                cfg.ops.assign(std::begin(nccl_tests_ops), std::end(nccl_tests_ops));
+                break;
+            }
+            if (value == "mulsum") {
+                throw usage_error("option -o: unison has no pre-multiplied sum (nccl-tests' "
+                                  "mulsum); use -o avg, or sum and scale");
+            }
             const auto op = detail::parse_reduce_op(value);
             if (!op) {
-                throw bad("a reduction (sum, prod, min, max, avg)");
+                throw bad("a reduction (sum, prod, max, min, avg, or all)");
             }
-            cfg.op = *op;
+            cfg.ops = {*op};
             break;
         }
+        case 'N':
+            cfg.cycles = static_cast<int>(integer_in(
+                1, 1 << 20, "a cycle count >= 1 (nccl-tests' 0, forever, is not offered)"));
+            break;
+        case 'u':
+            cfg.unalign = static_cast<int>(integer_in(0, 1 << 20, "an element count >= 0"));
+            break;
+        case 'I':
+            cfg.per_iter = integer_in(0, 1, "0 or 1") == 1;
+            break;
+        case 'K':
+            cfg.per_iter_skip = static_cast<int>(integer_in(0, 1 << 30, "a count >= 0"));
+            break;
+        case 'S':
+            cfg.timestamps = integer_in(0, 1, "0 or 1") == 1;
+            break;
         case 'C': {
             const auto v = detail::parse_integer(value);
             if (!v || *v < 0 || *v > 1) {
@@ -546,6 +729,11 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
         case 't':
             cfg.thread_ranks = static_cast<int>(integer_in(1, 4096, "a rank count in [1, 4096]"));
             cfg.thread_ranks_given = true;
+            break;
+        case 'g':
+            cfg.devices_per_thread =
+                static_cast<int>(integer_in(1, 4096, "a device count in [1, 4096]"));
+            cfg.devices_given = true;
             break;
         case 'r':
             cfg.root = static_cast<int>(integer_in(0, 1 << 30, "a rank >= 0"));
@@ -624,18 +812,54 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
         throw usage_error("-b " + std::to_string(cfg.min_bytes) + " is larger than -e " +
                           std::to_string(cfg.max_bytes));
     }
-    if (cfg.max_bytes < size_of(cfg.type)) {
-        throw usage_error("-e " + std::to_string(cfg.max_bytes) + " is smaller than one " +
-                          std::string(to_string(cfg.type)) + " element");
-    }
-    if (cfg.op == reduce_op::avg && !is_floating(cfg.type) && reduces(cfg.collective)) {
+    cfg.type = cfg.types.front();
+    cfg.op = cfg.ops.front();
+    if (cfg.types.size() == 1 && cfg.ops.size() == 1 && cfg.op == reduce_op::avg &&
+        !is_floating(cfg.type) && reduces(cfg.collective)) {
         throw usage_error("-o avg needs a floating-point type (unison rejects avg on " +
                           std::string(to_string(cfg.type)) + ": integer division truncates)");
     }
+    for (dtype t : cfg.types) {
+        if (cfg.max_bytes < size_of(t)) {
+            throw usage_error("-e " + std::to_string(cfg.max_bytes) + " is smaller than one " +
+                              std::string(to_string(t)) + " element");
+        }
+    }
+    if (cfg.steps_by_bytes() && cfg.step_bytes == 0) {
+        throw usage_error("-i 0 with -f 1: the size would never grow");
+    }
+    if (cfg.per_iter_skip > 0 && !cfg.per_iter) {
+        throw usage_error("-K " + std::to_string(cfg.per_iter_skip) +
+                          " leaves iterations out of the per-iteration columns, which need "
+                          "-I 1");
+    }
+    if (cfg.per_iter_skip >= cfg.iters) {
+        throw usage_error("-K " + std::to_string(cfg.per_iter_skip) + " would leave none of the " +
+                          std::to_string(cfg.iters) + " iterations (-n) in the i_* columns");
+    }
+    if (cfg.devices_given && cfg.backend != backend_kind::thread) {
+        if (cfg.devices_per_thread != 1) {
+            throw usage_error("-g " + std::to_string(cfg.devices_per_thread) + " with -B " +
+                              std::string(to_string(cfg.backend)) +
+                              ": one device per rank (start one process per GPU; -g 1 is "
+                              "accepted)");
+        }
+        cfg.neutral.push_back("-g 1");
+    } else if (cfg.devices_given) {
+        // nccl-tests' -g N in one process: N ranks per thread, here N thread ranks.
+        cfg.thread_ranks = (cfg.thread_ranks_given ? cfg.thread_ranks : 1) * cfg.devices_per_thread;
+        if (cfg.thread_ranks > 4096) {
+            throw usage_error("-t x -g is " + std::to_string(cfg.thread_ranks) +
+                              " ranks, more than 4096");
+        }
+    }
     if (cfg.thread_ranks_given && cfg.backend != backend_kind::thread) {
-        throw usage_error("-t sets the thread backend's ranks; with -B " +
-                          std::string(to_string(cfg.backend)) +
-                          " the ranks are the processes mpiexec starts");
+        if (cfg.thread_ranks != 1) {
+            throw usage_error("-t sets the thread backend's ranks; with -B " +
+                              std::string(to_string(cfg.backend)) +
+                              " the ranks are the processes mpiexec starts (-t 1 is accepted)");
+        }
+        cfg.neutral.push_back("-t 1");
     }
     if (cfg.algorithms.size() > 1 &&
         (cfg.format == output_format::json || !cfg.json_path.empty())) {

@@ -45,6 +45,10 @@ decltype(auto) visit_dtype(dtype t, F&& f) {
         return f(std::type_identity<std::int32_t>{});
     case dtype::i8:
         return f(std::type_identity<std::int8_t>{});
+    case dtype::u64:
+        return f(std::type_identity<std::uint64_t>{});
+    case dtype::u32:
+        return f(std::type_identity<std::uint32_t>{});
     case dtype::u8:
         break;
     }

@@ -6,10 +6,12 @@
 /// written as soon as they are measured (stdout is flushed after each), so a long
 /// run shows progress and a crash keeps what was measured.
 ///
-/// The text output is nccl-tests 2.17's, line for line: its header lines (version,
-/// program, parameters, "# Using devices" and one line per rank), its table and its
-/// closing lines; unison-bench adds one "# unison-bench:" line to the header and
-/// the baseline tables, all as '#' lines.
+/// The text output is nccl-tests 2.19's, line for line: its header lines (version,
+/// program, parameters, "# Using devices" and one line per rank), its table (with
+/// -I's per-iteration and -S's timestamp columns) and its closing lines;
+/// unison-bench adds "# unison-bench:" lines to the header and, after nccl-tests'
+/// closing line, the baseline tables, all as '#' lines whose headers no parser of
+/// nccl-tests' logs takes for the main table's.
 ///
 /// Every flat record (--format json or csv) carries the run's metadata (table,
 /// backend, collective, ranks, dtype, op, root) and the same columns in every format:
@@ -23,8 +25,10 @@
 
 #include <unison/version.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -42,14 +46,60 @@
 
 namespace unison::bench {
 
+/// -I: one side's iterations timed one by one, and nccl-tests' summary of them
+/// (its computeIterStats): all over the iterations after the first `skipped`.
+struct per_iteration {
+    /// Each iteration's time in us: the slowest rank's (nccl-tests: the max over
+    /// its process rows).
+    std::vector<double> times_us;
+    /// Under MPI, each process's own times (nccl-tests' per_process_max_times_us);
+    /// empty with one process.
+    std::vector<std::vector<double>> per_process_us;
+    int skipped = 0;
+    double min_us = 0, max_us = 0, avg_us = 0, p50_us = 0, p95_us = 0, p99_us = 0;
+    double stdev_us = 0; ///< population standard deviation
+    double cv_pct = 0;   ///< stdev over mean, in percent
+};
+
+/// Fills the summary of `p` from its times, as nccl-tests does: sorted, p50 the
+/// upper median, p95 and p99 by the nearest rank.
+inline void summarize(per_iteration& p) {
+    std::vector<double> t(p.times_us.begin() +
+                              std::min<std::ptrdiff_t>(p.skipped, std::ssize(p.times_us)),
+                          p.times_us.end());
+    if (t.empty()) {
+        return;
+    }
+    std::sort(t.begin(), t.end());
+    const auto n = static_cast<std::ptrdiff_t>(t.size());
+    auto nearest = [&](std::ptrdiff_t pct) { return std::min(n - 1, (n * pct + 99) / 100 - 1); };
+    p.min_us = t.front();
+    p.max_us = t.back();
+    p.p50_us = t[static_cast<std::size_t>(n / 2)];
+    p.p95_us = t[static_cast<std::size_t>(nearest(95))];
+    p.p99_us = t[static_cast<std::size_t>(nearest(99))];
+    double sum = 0;
+    for (double v : t) {
+        sum += v;
+    }
+    p.avg_us = sum / static_cast<double>(n);
+    double var = 0;
+    for (double v : t) {
+        var += (v - p.avg_us) * (v - p.avg_us);
+    }
+    p.stdev_us = std::sqrt(var / static_cast<double>(n));
+    p.cv_pct = p.avg_us > 0 ? p.stdev_us / p.avg_us * 100.0 : 0.0;
+}
+
 /// One side (out of place or in place) of one row.
 struct side_result {
-    double seconds = 0;                 ///< mean per call, over the ranks as -a says
-    double cpu_seconds = 0;             ///< rank 0's time to issue a call (-C 1 shows it)
-    double algbw = 0;                   ///< GB/s
-    std::optional<double> busbw;        ///< GB/s; none where it means nothing (local-add)
-    std::optional<std::uint64_t> wrong; ///< none when not checked
-    std::optional<double> ratio;        ///< unison's time / this time (baselines)
+    double seconds = 0;                    ///< mean per call, over the ranks as -a says
+    double cpu_seconds = 0;                ///< rank 0's time to issue a call (-C 1 shows it)
+    double algbw = 0;                      ///< GB/s
+    std::optional<double> busbw;           ///< GB/s; none where it means nothing (local-add)
+    std::optional<std::uint64_t> wrong;    ///< none when not checked
+    std::optional<double> ratio;           ///< unison's time / this time (baselines)
+    std::optional<per_iteration> per_iter; ///< -I
 };
 
 /// One size: what nccl-tests prints on one line.
@@ -57,6 +107,8 @@ struct size_result {
     collective_shape shape;
     side_result out_of_place;
     side_result in_place;
+    dtype type = dtype::f32;
+    std::string op_name; ///< "none" for collectives without a reduction
 };
 
 /// One rank's line under "# Using devices".
@@ -141,8 +193,13 @@ inline std::string ratio_text(double r) {
     return format(r >= 1000.0 ? "%6.0f" : r >= 100.0 ? "%6.1f" : "%6.2f", r);
 }
 
-inline std::string dtype_name(const run_info& info) {
-    return std::string(to_string(info.config->type));
+/// The data types of the run, as the header names them ("float", "int8,uint8,...").
+inline std::string dtype_names(const bench_config& c) {
+    std::string names;
+    for (dtype t : c.types) {
+        names += (names.empty() ? "" : ",") + std::string(to_string(t));
+    }
+    return names;
 }
 
 /// A JSON number, or null for a value that is not finite.
@@ -197,19 +254,37 @@ public:
         std::printf("# nccl-tests version unison-%s nccl-headers=%d nccl-library=%d\n",
                     version_string, info.nccl_headers, info.nccl_library);
         std::printf("# Collective test starting: %s\n", c.program_name.c_str());
-        const bool by_bytes = c.step_bytes > 0 && !c.step_factor_given;
+        const bool by_bytes = c.steps_by_bytes();
         std::printf("# nThread %d nGpus %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: "
-                    "%d iters: %d agg iters: 1 validation: %d graph: 0\n",
+                    "%d iters: %d agg iters: 1 validation: %d graph: 0 unalign: %d\n",
                     info.threads_per_process, info.devices_per_rank, c.min_bytes, c.max_bytes,
                     by_bytes ? c.step_bytes : c.step_factor, by_bytes ? "bytes" : "factor",
-                    c.warmup_iters, c.iters, c.check ? 1 : 0);
+                    c.warmup_iters, c.iters, c.check ? 1 : 0, c.unalign);
+        if (c.per_iter) {
+            std::printf("# Per-Iteration Report: %s timing; i_* uses max over %s",
+                        c.backend == backend_kind::nccl ? "CUDA event" : "host clock",
+                        info.threads_per_process > 1 ? "ranks" : "process rows");
+            if (c.per_iter_skip > 0) {
+                std::printf("; summary skips first %d iterations", c.per_iter_skip);
+            }
+            std::printf(" \n");
+        }
         std::printf(
             "# unison-bench: %s, backend %s, %d ranks, dtype %s, op %s, root %d%s%s\n",
             std::string(to_string(c.collective)).c_str(), std::string(to_string(c.backend)).c_str(),
-            info.ranks, detail::dtype_name(info).c_str(), info.op_name.c_str(), info.root,
+            info.ranks, detail::dtype_names(c).c_str(), info.op_name.c_str(), info.root,
             c.rounds > 1 ? (", " + std::to_string(c.rounds) + " rounds (rows: the medians)").c_str()
                          : "",
             info.algorithm.empty() ? "" : (", all-reduce algorithm " + info.algorithm).c_str());
+        if (!c.neutral.empty()) {
+            std::string given;
+            for (const std::string& n : c.neutral) {
+                given += (given.empty() ? "" : ", ") + n;
+            }
+            std::printf("# unison-bench: accepted without effect (nccl-tests options for NCCL "
+                        "or CUDA, at their neutral values): %s\n",
+                        given.c_str());
+        }
         std::printf("#\n# Using devices\n");
         for (const rank_device& d : info.devices) {
             std::printf("%s\n", device_line(d).c_str());
@@ -229,6 +304,7 @@ public:
                     c.min_busbw < 0                 ? ""
                     : below_threshold(c, avg_busbw) ? "FAILED"
                                                     : "OK");
+        std::printf("# Collective test concluded: %s\n#\n", c.program_name.c_str());
         std::fflush(stdout);
     }
 
@@ -237,8 +313,9 @@ public:
         std::printf("# Baseline %.*s: %.*s\n", static_cast<int>(name.size()), name.data(),
                     static_cast<int>(description.size()), description.data());
         std::printf("# ratio = unison's time / the baseline's time (above 1: unison is slower)\n"
-                    "# (its rows start with '#', so that parsers of nccl-tests' logs read the "
-                    "main table alone)\n");
+                    "# (after nccl-tests' closing line, its rows start with '#' and its header "
+                    "names no nccl-tests column group, so that parsers of nccl-tests' logs read "
+                    "the main table alone)\n");
         print_header(true);
         baseline_open_ = true;
         std::fflush(stdout);
@@ -255,7 +332,7 @@ public:
 
     void finish() override {
         close_baseline();
-        std::printf("# Collective test concluded: %s\n#\n", info_.config->program_name.c_str());
+        std::printf("\n"); // nccl-tests' last line: its error report, empty without one
         std::fflush(stdout);
     }
 
@@ -271,13 +348,22 @@ private:
     }
 
     /// nccl-tests' three header lines (labels, names, units), each ending in the
-    /// space nccl-tests leaves for its timestamp column; a baseline's sides have
-    /// one more column, the ratio.
+    /// timestamp column's label (-S) or the space nccl-tests leaves for it. -I adds
+    /// i_min, i_max, i_p99 and i_cv% to each side. A baseline's sides have one more
+    /// column, the ratio, and its labels are not nccl-tests' ("out-of-place"), which
+    /// parsers look for.
     void print_header(bool baseline) const {
-        const char* time = info_.config->report_cputime ? "cputime" : "time";
-        if (!baseline) {
+        const bench_config& c = *info_.config;
+        const char* time = c.report_cputime ? "cputime" : "time";
+        const bool per_iter = c.per_iter && !baseline;
+        const int stamp_width = c.timestamps && !baseline ? 19 : 0;
+        if (!baseline && !per_iter) {
             std::printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                     "
                         "  in-place          \n",
+                        "", "", "", "", "");
+        } else if (per_iter) {
+            std::printf("# %10s  %12s  %8s  %6s  %6s              out-of-place (+ per-iteration) "
+                        "                               in-place (+ per-iteration)\n",
                         "", "", "", "", "");
         } else {
             constexpr int side_width = 41; // "  %7s  %6s  %6s  %6s  %6s"
@@ -285,11 +371,11 @@ private:
             line[0] = '#';
             auto place = [&](std::string_view label, int side) {
                 const auto end =
-                    static_cast<std::size_t>(prefix_width + (side + 1) * side_width - 12);
+                    static_cast<std::size_t>(prefix_width + (side + 1) * side_width - 6);
                 line.replace(end - label.size(), label.size(), label);
             };
-            place("out-of-place", 0);
-            place("in-place", 1);
+            place("baseline, out of place", 0);
+            place("baseline, in place", 1);
             while (line.back() == ' ') {
                 line.pop_back();
             }
@@ -299,17 +385,25 @@ private:
                                    {"(B)", "(elements)", "", "", ""}};
         const char* sides[2][5] = {{time, "algbw", "busbw", "#wrong", "ratio"},
                                    {"(us)", "(GB/s)", "(GB/s)", "", "(x)"}};
+        const char* iters[2][4] = {{"i_min", "i_max", "i_p99", "i_cv%"},
+                                   {"(us)", "(us)", "(us)", "(%)"}};
+        const char* stamp[2] = {c.timestamps ? "timestamp" : "",
+                                c.timestamps ? "%Y-%m-%d %H:%M:%S" : ""};
         for (int l = 0; l < 2; ++l) {
             std::printf("# %10s  %12s  %8s  %6s  %6s", names[l][0], names[l][1], names[l][2],
                         names[l][3], names[l][4]);
             for (int side = 0; side < 2; ++side) {
                 std::printf("  %7s  %6s  %6s  %6s", sides[l][0], sides[l][1], sides[l][2],
                             sides[l][3]);
+                if (per_iter) {
+                    std::printf("  %7s  %7s  %7s  %7s", iters[l][0], iters[l][1], iters[l][2],
+                                iters[l][3]);
+                }
                 if (baseline) {
                     std::printf("  %6s", sides[l][4]);
                 }
             }
-            std::printf(" \n");
+            std::printf(" %*s\n", stamp_width, stamp_width > 0 ? stamp[l] : "");
         }
     }
 
@@ -318,8 +412,8 @@ private:
     void print_row(const size_result& r, bool baseline) {
         const bench_config& c = *info_.config;
         std::printf(baseline ? "#%11zu  %12zu  %8s  %6s  %6d" : "%12zu  %12zu  %8s  %6s  %6d",
-                    r.shape.size_bytes(), r.shape.count, detail::dtype_name(info_).c_str(),
-                    info_.op_name.c_str(), info_.root);
+                    r.shape.size_bytes(), r.shape.count, std::string(to_string(r.type)).c_str(),
+                    r.op_name.c_str(), info_.root);
         for (const side_result* s : {&r.out_of_place, &r.in_place}) {
             const std::string time = detail::nccl_float(detail::shown_seconds(c, *s) * 1e6, 7);
             const std::string algbw = detail::nccl_float(s->algbw, 6);
@@ -330,9 +424,19 @@ private:
             } else {
                 std::printf("  %7s  %6s  %6s    N/A", time.c_str(), algbw.c_str(), busbw.c_str());
             }
+            if (!baseline && s->per_iter) {
+                const per_iteration& p = *s->per_iter;
+                std::printf("  %7s  %7s  %7s  %7s", detail::nccl_float(p.min_us, 7).c_str(),
+                            detail::nccl_float(p.max_us, 7).c_str(),
+                            detail::nccl_float(p.p99_us, 7).c_str(),
+                            detail::nccl_float(p.cv_pct, 7).c_str());
+            }
             if (baseline) {
                 std::printf("  %6s", s->ratio ? detail::ratio_text(*s->ratio).c_str() : "N/A");
             }
+        }
+        if (c.timestamps && !baseline) {
+            std::printf("%21s", detail::local_time_now().c_str());
         }
         std::printf("\n");
         std::fflush(stdout);
@@ -393,8 +497,8 @@ protected:
             {"backend", text(to_string(c.backend)), true},
             {"collective", text(to_string(c.collective)), true},
             {"ranks", std::to_string(info_.ranks), false},
-            {"dtype", text(to_string(c.type)), true},
-            {"op", info_.op_name, true},
+            {"dtype", text(to_string(r.type)), true},
+            {"op", r.op_name, true},
             {"root", std::to_string(info_.root), false},
             {"size", std::to_string(r.shape.size_bytes()), false},
             {"count", std::to_string(r.shape.count), false},
@@ -413,6 +517,17 @@ protected:
                  s->wrong ? std::optional<std::string>(std::to_string(*s->wrong)) : std::nullopt,
                  false});
             f.push_back({keys[side][4], s->ratio ? number(*s->ratio) : std::nullopt, false});
+            if (c.per_iter) { // -I: the text table's i_* columns
+                static constexpr std::string_view iter_keys[2][4] = {
+                    {"oop_i_min_us", "oop_i_max_us", "oop_i_p99_us", "oop_i_cv_pct"},
+                    {"ip_i_min_us", "ip_i_max_us", "ip_i_p99_us", "ip_i_cv_pct"}};
+                const per_iteration* p = s->per_iter ? &*s->per_iter : nullptr;
+                const double values[4] = {p ? p->min_us : NAN, p ? p->max_us : NAN,
+                                          p ? p->p99_us : NAN, p ? p->cv_pct : NAN};
+                for (int k = 0; k < 4; ++k) {
+                    f.push_back({iter_keys[side][k], number(values[k]), false});
+                }
+            }
             ++side;
         }
         const std::string ran = info_.algorithm_at && table_ == "unison"
@@ -549,7 +664,7 @@ private:
                     json_quote(to_string(c.backend)).c_str(),
                     json_quote(to_string(c.collective)).c_str(), info_.ranks);
         std::printf("  \"dtype\": %s,\n  \"op\": %s,\n  \"root\": %d,\n",
-                    json_quote(to_string(c.type)).c_str(), json_quote(info_.op_name).c_str(),
+                    json_quote(detail::dtype_names(c)).c_str(), json_quote(info_.op_name).c_str(),
                     info_.root);
         std::printf("  \"min_bytes\": %zu,\n  \"max_bytes\": %zu,\n  \"step_factor\": %zu,\n",
                     c.min_bytes, c.max_bytes, c.step_factor);
@@ -617,16 +732,21 @@ private:
     bool header_written_ = false;
 };
 
-/// nccl-tests' JSON file (-J), in the layout nccl-tests 2.17 writes (its
-/// src/util.cu, file "version" 1), one object:
+/// nccl-tests' JSON file (-J), in the layout nccl-tests 2.19 writes (its
+/// src/util.cu, file "version" 3), one object:
 ///   version, start_time, args (the command line), env (the environment),
 ///   nccl_version, config {nthreads, ngpus, minimum_bytes, maximum_bytes,
 ///   step_factor or step_bytes, warmup_iters, iterations, aggregated_iterations,
-///   validation, graph, blocking_collectives, parallel_init, devices [{rank, group,
-///   pid, hostname, device, device_hex, device_info}]}, results [{size, count, type,
-///   redop, root, out_of_place {time, alg_bw, bus_bw, nwrong}, in_place {...},
-///   actual_iterations, experiment_name}], out_of_bounds {count, okay},
-///   average_bus_bandwidth {bandwidth, okay}, errors, end_time.
+///   validation, graph, blocking_collectives, per_iter_timing, per_iter_skip,
+///   parallel_init, devices [{rank, group, pid, hostname, device, device_hex,
+///   device_info}]}, results [{size, count, type, redop, root, out_of_place {time,
+///   alg_bw, bus_bw, nwrong}, out_of_place_per_iter (-I), in_place {...},
+///   in_place_per_iter (-I), actual_iterations, experiment_name}], out_of_bounds
+///   {count, okay}, average_bus_bandwidth {bandwidth, okay}, errors, end_time.
+/// A per_iter object holds skipped_iterations, min_us, max_us, avg_us, p50_us,
+/// p95_us, p99_us, stdev_us, cv_pct, times_us (every iteration, the slowest rank's)
+/// and, with several processes, per_process_max_times_us (each process's list), as
+/// nccl-tests' tools/analyze_perf_json.py reads them.
 /// Types are nccl-tests' own: flags and "okay" are the strings "true" and "false"
 /// ("unchecked" for a bandwidth without threshold), root is the text column
 /// ("    -1"), nwrong a number; times are in us ("cpu_time" instead of "time" with
@@ -671,7 +791,7 @@ public:
     void begin(const run_info& info) override {
         info_ = info;
         const bench_config& c = *info.config;
-        put("{\"version\":1,\"start_time\":" + json_quote(detail::local_time_now()));
+        put("{\"version\":3,\"start_time\":" + json_quote(detail::local_time_now()));
         put(",\n\"args\":[");
         write_list(c.command_line);
         put("],\n\"env\":[");
@@ -685,12 +805,12 @@ public:
         put(",\n\"unison\":{\"version\":" + json_quote(version_string) + ",\"program\":" +
             json_quote(c.program_name) + ",\"backend\":" + json_quote(to_string(c.backend)) +
             ",\"collective\":" + json_quote(to_string(c.collective)) + ",\"ranks\":" +
-            std::to_string(info.ranks) + ",\"dtype\":" + json_quote(to_string(c.type)) +
+            std::to_string(info.ranks) + ",\"dtype\":" + json_quote(detail::dtype_names(c)) +
             ",\"op\":" + json_quote(info.op_name) + ",\"average\":" + std::to_string(c.average) +
             ",\"report_cputime\":" + (c.report_cputime ? "1" : "0") +
             ",\"rounds\":" + std::to_string(c.rounds) + "}");
 
-        const bool by_bytes = c.step_bytes > 0 && !c.step_factor_given;
+        const bool by_bytes = c.steps_by_bytes();
         put(",\n\"config\":{\"nthreads\":" + std::to_string(info.threads_per_process) +
             ",\"ngpus\":" + std::to_string(info.devices_per_rank) + ",\"minimum_bytes\":" +
             std::to_string(c.min_bytes) + ",\"maximum_bytes\":" + std::to_string(c.max_bytes) +
@@ -699,8 +819,9 @@ public:
             ",\"warmup_iters\":" + std::to_string(c.warmup_iters) +
             ",\"iterations\":" + std::to_string(c.iters) +
             ",\"aggregated_iterations\":1,\"validation\":" + (c.check ? "1" : "0") +
-            ",\"graph\":0,\"blocking_collectives\":\"false\",\"parallel_init\":\"false\""
-            ",\"devices\":[");
+            ",\"graph\":0,\"blocking_collectives\":\"false\",\"per_iter_timing\":" +
+            (c.per_iter ? "\"true\"" : "\"false\"") + ",\"per_iter_skip\":" +
+            std::to_string(c.per_iter_skip) + ",\"parallel_init\":\"false\",\"devices\":[");
         bool first = true;
         for (const rank_device& d : info.devices) {
             put(std::string(first ? "" : ",") + "\n{\"rank\":" + std::to_string(d.rank) +
@@ -777,6 +898,37 @@ private:
         }
     }
 
+    void write_numbers(const std::vector<double>& values) {
+        put("[");
+        bool first = true;
+        for (double v : values) {
+            put((first ? "" : ",") + number(v));
+            first = false;
+        }
+        put("]");
+    }
+
+    void write_per_iteration(const char* key, const per_iteration& p) {
+        put(std::string(",\"") + key + "\":{\"skipped_iterations\":" + std::to_string(p.skipped) +
+            ",\"min_us\":" + number(p.min_us) + ",\"max_us\":" + number(p.max_us) +
+            ",\"avg_us\":" + number(p.avg_us) + ",\"p50_us\":" + number(p.p50_us) +
+            ",\"p95_us\":" + number(p.p95_us) + ",\"p99_us\":" + number(p.p99_us) +
+            ",\"stdev_us\":" + number(p.stdev_us) + ",\"cv_pct\":" + number(p.cv_pct) +
+            ",\"times_us\":");
+        write_numbers(p.times_us);
+        if (p.per_process_us.size() > 1) {
+            put(",\"per_process_max_times_us\":[");
+            bool first = true;
+            for (const std::vector<double>& row : p.per_process_us) {
+                put(first ? "" : ",");
+                write_numbers(row);
+                first = false;
+            }
+            put("]");
+        }
+        put("}");
+    }
+
     /// Closes the results of the baseline being written, if any.
     void close_baseline() {
         if (baseline_open_) {
@@ -799,7 +951,7 @@ private:
         std::snprintf(head, sizeof head,
                       "%s\n{\"size\":%zu,\"count\":%zu,\"type\":%s,\"redop\":%s,\"root\":\"%6d\"",
                       first_row_ ? "" : ",", r.shape.size_bytes(), r.shape.count,
-                      json_quote(to_string(c.type)).c_str(), json_quote(info_.op_name).c_str(),
+                      json_quote(to_string(r.type)).c_str(), json_quote(r.op_name).c_str(),
                       info_.root);
         put(head);
         first_row_ = false;
@@ -812,6 +964,10 @@ private:
                 ",\"bus_bw\":" + (s->busbw ? number(*s->busbw) : "null") +
                 ",\"nwrong\":" + (s->wrong ? number(static_cast<double>(*s->wrong)) : "null") +
                 (baseline ? ",\"ratio\":" + (s->ratio ? number(*s->ratio) : "null") : "") + "}");
+            if (!baseline && s->per_iter) {
+                write_per_iteration(side == 1 ? "out_of_place_per_iter" : "in_place_per_iter",
+                                    *s->per_iter);
+            }
         }
         put(",\"actual_iterations\":" + std::to_string(c.iters) + ",\"experiment_name\":\"\"}");
         flush();

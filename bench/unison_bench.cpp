@@ -6,16 +6,21 @@
 ///     mpiexec -n 8 unison-bench -B nccl -b 8 -e 8G               # NCCL, a GPU per process
 ///     mpiexec -n 4 all_gather_perf -b 8 -e 64M -J ag.json        # a link: all_gather
 ///
-/// Timing follows nccl-tests' BenchTime: one untimed call, a barrier, then -n calls
-/// back to back between two reads of the host clock (nccl-tests 2.17 uses no CUDA
-/// events either); the reported time is the mean per call, averaged over the ranks
-/// (or rank 0's, the least or the most: -a, as nccl-tests). The clock is also read
-/// once the calls are issued, before waiting for them: -C 1 reports that CPU time,
-/// as nccl-tests does; on the thread and MPI backends, whose calls block, it is the
-/// whole time. Consecutive timed calls move through the buffers (nccl-tests'
-/// per-iteration offset) so that small sizes are not timed on the same cache lines
-/// over and over. With -c 1 one more call per size runs on fresh data outside the
-/// timed loop and every rank counts its wrong elements against a serial reference.
+/// Timing follows nccl-tests 2.19's BenchTime: warm-up calls at every power-of-two
+/// multiple of -b, then per size one untimed call, a barrier, and -n calls back to
+/// back between two reads of the host clock; the reported time is the mean per
+/// call, averaged over the ranks (or rank 0's, the least or the most: -a, as
+/// nccl-tests). The clock is also read once the calls are issued, before waiting for
+/// them: -C 1 reports that CPU time, as nccl-tests does; on the thread and MPI
+/// backends, whose calls block, it is the whole time. With -I 1 each call's start
+/// is marked too (the host clock; CUDA events on the NCCL backend, as nccl-tests),
+/// and every iteration's time, the slowest rank's, is summarized in i_* columns.
+/// Consecutive timed calls move through the buffers (nccl-tests' per-iteration
+/// offset) so that small sizes are not timed on the same cache lines over and over;
+/// -u starts both buffers that many elements past their alignment. With -c 1 one
+/// more call per size runs on fresh data outside the timed loop and every rank
+/// counts its wrong elements against a serial reference. -d all and -o all time
+/// each type and reduction in turn, in nccl-tests' order.
 
 #include "bench_config.hpp"
 #include "collective_call.hpp"
@@ -70,18 +75,50 @@ using bench_clock = std::chrono::steady_clock;
 
 /// What the driver needs besides the collective: a barrier, completion of
 /// outstanding work, and the max and sum of one value over the ranks.
+/// With -I, it also marks the start of every timed call and, once they are done,
+/// gives each one's time (mark_iterations), and reduces whole lists element by
+/// element.
 template <class C>
-concept rank_control = requires(C& c, double d, std::uint64_t u) {
+concept rank_control = requires(C& c, double d, std::uint64_t u, std::vector<double>& v, int n) {
     c.barrier();
     c.finish();
     { c.max(d) } -> std::same_as<double>;
     { c.sum(d) } -> std::same_as<double>;
     { c.sum(u) } -> std::same_as<std::uint64_t>;
+    c.max_each(v);
+    c.sum_each(v);
+    c.begin_iterations(n);
+    c.mark_iteration();
+    { c.iteration_seconds() } -> std::same_as<std::vector<double>>;
+};
+
+/// -I on a backend whose calls block: each call's time from host clock reads at
+/// the start of every call and once after the last.
+class host_iteration_clock {
+public:
+    void begin_iterations(int n) {
+        marks_.clear();
+        marks_.reserve(static_cast<std::size_t>(n) + 1);
+    }
+    void mark_iteration() { marks_.push_back(bench_clock::now()); }
+    std::vector<double> iteration_seconds() {
+        mark_iteration(); // the end of the last call
+        std::vector<double> t;
+        for (std::size_t i = 1; i < marks_.size(); ++i) {
+            t.push_back(std::chrono::duration<double>(marks_[i] - marks_[i - 1]).count());
+        }
+        return t;
+    }
+
+private:
+    std::vector<bench_clock::time_point> marks_;
 };
 
 /// The control plane of a host communicator, through unison itself.
 template <communicator Comm>
-struct unison_control {
+struct unison_control : host_iteration_clock {
+    explicit unison_control(Comm& c) : comm(c) {}
+
     Comm& comm;
 
     void barrier() { unison::barrier(comm); }
@@ -101,6 +138,8 @@ struct unison_control {
         unison::all_reduce(comm, a, reduce_op::sum);
         return static_cast<std::uint64_t>(a[0]);
     }
+    void max_each(std::vector<double>& v) { unison::all_reduce(comm, v, reduce_op::max); }
+    void sum_each(std::vector<double>& v) { unison::all_reduce(comm, v, reduce_op::sum); }
 };
 
 /// c[i] = a[i] + b[i] in the benchmark's dtype (16-bit floats through float, as
@@ -116,26 +155,48 @@ template <class T>
     }
 }
 
-/// The requested sizes: min, min * f, ... up to max (or min, min + i, ... with -i
-/// and no -f, as nccl-tests steps).
+/// The requested sizes, as nccl-tests steps: min, min * f, ... up to max when -f is
+/// above 1, else min, min + i, ...; the whole list -N times over.
 std::vector<std::size_t> bench_sizes(const bench_config& cfg) {
     std::vector<std::size_t> sizes;
-    if (cfg.step_bytes > 0 && !cfg.step_factor_given) {
+    if (cfg.steps_by_bytes()) {
         for (std::size_t b = cfg.min_bytes; b <= cfg.max_bytes; b += cfg.step_bytes) {
             sizes.push_back(b);
             if (b > cfg.max_bytes - cfg.step_bytes) {
                 break;
             }
         }
-        return sizes;
+    } else {
+        for (std::size_t b = cfg.min_bytes; b <= cfg.max_bytes; b *= cfg.step_factor) {
+            sizes.push_back(b);
+            if (b > cfg.max_bytes / cfg.step_factor) {
+                break;
+            }
+        }
     }
-    for (std::size_t b = cfg.min_bytes; b <= cfg.max_bytes; b *= cfg.step_factor) {
+    const std::vector<std::size_t> cycle = sizes;
+    for (int k = 1; k < cfg.cycles; ++k) {
+        sizes.insert(sizes.end(), cycle.begin(), cycle.end());
+    }
+    return sizes;
+}
+
+/// nccl-tests 2.19's warm-up sizes: min, 2 min, 4 min, ... up to max.
+std::vector<std::size_t> warm_up_sizes(const bench_config& cfg) {
+    std::vector<std::size_t> sizes;
+    for (std::size_t b = cfg.min_bytes; b <= cfg.max_bytes; b *= 2) {
         sizes.push_back(b);
-        if (b > cfg.max_bytes / cfg.step_factor) {
+        if (b > cfg.max_bytes / 2) {
             break;
         }
     }
     return sizes;
+}
+
+/// The bytes -u moves both buffers by: `unalign` elements of the largest type timed
+/// (nccl-tests pads its buffers by 8 bytes per element of -u for any type).
+std::size_t unalign_padding(const bench_config& cfg) {
+    return static_cast<std::size_t>(cfg.unalign) * 8;
 }
 
 /// Byte offset of timed call `iter`: nccl-tests moves each call to the next
@@ -146,13 +207,16 @@ std::size_t shift_for(std::size_t iter, std::size_t size, std::size_t capacity) 
 }
 
 /// A rank's benchmark buffers in host memory (thread and MPI backends), each the
-/// size of the largest call, allocated once and reused for every size.
+/// size of the largest call (plus -u's padding), allocated once and reused for
+/// every size.
 class host_buffers {
 public:
     explicit host_buffers(std::size_t bytes) : send_(bytes), recv_(bytes) {}
 
-    std::byte* send() noexcept { return send_.data(); }
-    std::byte* recv() noexcept { return recv_.data(); }
+    /// -u: both buffers start this many bytes past their allocation.
+    void set_offset(std::size_t bytes) noexcept { offset_ = bytes; }
+    std::byte* send() noexcept { return send_.data() + offset_; }
+    std::byte* recv() noexcept { return recv_.data() + offset_; }
 
     /// Writes the inputs of one checked call (see prepare_inputs).
     void prepare(const check_site& c, const data_pattern& p, bool in_place) {
@@ -168,6 +232,7 @@ public:
 private:
     host_memory send_;
     host_memory recv_;
+    std::size_t offset_ = 0;
 };
 
 /// The round of median time of one side (the upper median for an even count), with
@@ -213,7 +278,7 @@ struct no_partner {
 /// The raw-MPI baseline of a run: the call timed next to unison's, or why there is none.
 template <class Partner>
 struct raw_baseline {
-    Partner* call = nullptr;
+    std::optional<Partner> call;
     std::string what;    ///< the baseline's description, when there is a call
     std::string why_not; ///< why there is none, when there is no call
     /// Its in-place reduce_scatter leaves the result at the start (MPI's convention).
@@ -229,18 +294,20 @@ public:
         : cfg_(cfg), ctl_(ctl), mem_(mem), rank_(rank), ranks_(ranks),
           pattern_op_(reduces(cfg.collective) ? cfg.op : reduce_op::sum) {}
 
-    /// nccl-tests' warm-up: -w out-of-place calls at the largest, then the smallest size.
+    /// nccl-tests 2.19's warm-up: -w out-of-place calls at every power-of-two
+    /// multiple of the smallest size up to the largest.
     template <class Call>
     void warm_up(Call& call) {
-        for (std::size_t bytes : {cfg_.max_bytes, cfg_.min_bytes}) {
+        ctl_.barrier();
+        for (std::size_t bytes : warm_up_sizes(cfg_)) {
             const collective_shape s = shape(bytes);
             for (int i = 0; i < cfg_.warmup_iters; ++i) {
                 const std::size_t off =
                     shift_for(static_cast<std::size_t>(i), s.size_bytes(), cfg_.max_bytes);
                 call(mem_.send() + off, mem_.recv() + off, s, false);
             }
+            ctl_.finish();
         }
-        ctl_.finish();
         ctl_.barrier();
     }
 
@@ -260,12 +327,13 @@ public:
             const collective_shape s = shape(bytes);
             std::vector<size_result> mine, theirs;
             auto time_call = [&] {
-                mine.push_back(
-                    {s, time_side(call, s, false, false), time_side(call, s, true, false)});
+                mine.push_back({s, time_side(call, s, false, false, true),
+                                time_side(call, s, true, false, true), cfg_.type, op_name()});
             };
             auto time_partner = [&] {
-                theirs.push_back({s, time_side(*partner, s, false, partner_result_at_start),
-                                  time_side(*partner, s, true, partner_result_at_start)});
+                theirs.push_back({s, time_side(*partner, s, false, partner_result_at_start, false),
+                                  time_side(*partner, s, true, partner_result_at_start, false),
+                                  cfg_.type, op_name()});
             };
             for (int round = 0; round < cfg_.rounds; ++round) {
                 if (partner != nullptr && round % 2 == 1) {
@@ -279,14 +347,14 @@ public:
                 }
             }
             const size_result r{s, median_side(mine, &size_result::out_of_place),
-                                median_side(mine, &size_result::in_place)};
+                                median_side(mine, &size_result::in_place), cfg_.type, op_name()};
             if (out != nullptr) {
                 out->row(r);
             }
             rows.push_back(r);
             if (partner != nullptr) {
                 size_result p{s, median_side(theirs, &size_result::out_of_place),
-                              median_side(theirs, &size_result::in_place)};
+                              median_side(theirs, &size_result::in_place), cfg_.type, op_name()};
                 p.out_of_place.ratio = median_ratio(mine, theirs, &size_result::out_of_place);
                 p.in_place.ratio = median_ratio(mine, theirs, &size_result::in_place);
                 partner_rows.push_back(p);
@@ -296,8 +364,9 @@ public:
     }
 
     /// The local-add baseline: rank 0 times c = a + b and a += b over each size's
-    /// bytes while the other ranks wait.
-    void run_local_add(const std::vector<size_result>& reference, reporter* out) {
+    /// bytes while the other ranks wait; its rows (rank 0's) are returned.
+    std::vector<size_result> run_local_add(const std::vector<size_result>& reference) {
+        std::vector<size_result> rows;
         if (rank_ == 0) {
             host_memory a(cfg_.max_bytes), b(cfg_.max_bytes), c(cfg_.max_bytes);
             const std::size_t whole = cfg_.max_bytes / size_of(cfg_.type);
@@ -307,19 +376,22 @@ public:
             for (std::size_t bytes : bench_sizes(cfg_)) {
                 const collective_shape s = shape(bytes);
                 size_result r{s, time_add(a, b, c, s.size_bytes(), false),
-                              time_add(a, b, c, s.size_bytes(), true)};
+                              time_add(a, b, c, s.size_bytes(), true), cfg_.type, op_name()};
                 if (index < reference.size()) {
                     set_ratios(r, reference[index++]);
                 }
-                if (out != nullptr) {
-                    out->baseline_row(r);
-                }
+                rows.push_back(std::move(r));
             }
         }
         ctl_.barrier();
+        return rows;
     }
 
 private:
+    std::string op_name() const {
+        return reduces(cfg_.collective) ? std::string(to_string(cfg_.op)) : "none";
+    }
+
     collective_shape shape(std::size_t bytes) const {
         return shape_for(cfg_.collective, bytes, cfg_.type, ranks_);
     }
@@ -353,10 +425,11 @@ private:
         }
     }
 
-    /// nccl-tests' BenchTime for one size and one side.
+    /// nccl-tests' BenchTime for one size and one side; `main_table`: unison's
+    /// calls, which -I times one by one (a baseline's are timed as a whole).
     template <class Call>
     side_result time_side(Call& call, const collective_shape& s, bool in_place,
-                          bool result_at_start) {
+                          bool result_at_start, bool main_table) {
         std::byte* send = mem_.send();
         std::byte* recv = mem_.recv();
         if (cfg_.check) { // time on the data that is checked, as nccl-tests does
@@ -366,19 +439,31 @@ private:
         ctl_.finish();
         ctl_.barrier();
 
+        const bool per_iter = cfg_.per_iter && main_table;
+        if (per_iter) {
+            ctl_.begin_iterations(cfg_.iters);
+        }
         const auto start = bench_clock::now();
         for (int i = 0; i < cfg_.iters; ++i) {
             const std::size_t off =
                 shift_for(static_cast<std::size_t>(i), s.size_bytes(), cfg_.max_bytes);
+            if (per_iter) {
+                ctl_.mark_iteration();
+            }
             call(send + off, recv + off, s, in_place);
         }
         const std::chrono::duration<double> issued = bench_clock::now() - start;
         ctl_.finish();
         const std::chrono::duration<double> elapsed = bench_clock::now() - start;
+        std::optional<per_iteration> iterations;
+        if (per_iter) {
+            iterations = gather_iterations(ctl_.iteration_seconds());
+        }
         const double seconds = over_ranks(elapsed.count() / cfg_.iters);
 
         side_result r;
         r.seconds = seconds;
+        r.per_iter = std::move(iterations);
         r.cpu_seconds = issued.count() / cfg_.iters; // this rank's; rank 0 reports it
         r.algbw = algbw_gbps(s, seconds);
         r.busbw = r.algbw * bus_factor(cfg_.collective, ranks_);
@@ -390,6 +475,33 @@ private:
             r.wrong = ctl_.sum(mem_.wrong(site(s), p, in_place, result_at_start));
         }
         return r;
+    }
+
+    /// -I: this rank's iteration times (seconds) made into the run's: per iteration
+    /// the slowest rank's, and under MPI every process's list (nccl-tests' process
+    /// rows). Collective.
+    per_iteration gather_iterations(std::vector<double> mine) {
+        mine.resize(static_cast<std::size_t>(cfg_.iters), 0.0);
+        for (double& t : mine) {
+            t *= 1e6;
+        }
+        per_iteration p;
+        p.skipped = cfg_.per_iter_skip;
+        p.times_us = mine;
+        ctl_.max_each(p.times_us);
+        if (cfg_.backend != backend_kind::thread && ranks_ > 1) {
+            const std::size_t n = mine.size();
+            std::vector<double> all(n * static_cast<std::size_t>(ranks_), 0.0);
+            std::copy(mine.begin(), mine.end(),
+                      all.begin() + static_cast<std::ptrdiff_t>(n) * rank_);
+            ctl_.sum_each(all);
+            for (int r = 0; r < ranks_; ++r) {
+                const auto from = all.begin() + static_cast<std::ptrdiff_t>(n) * r;
+                p.per_process_us.emplace_back(from, from + static_cast<std::ptrdiff_t>(n));
+            }
+        }
+        summarize(p);
+        return p;
     }
 
     side_result time_add(host_memory& a, host_memory& b, host_memory& c, std::size_t bytes,
@@ -454,7 +566,10 @@ run_info make_run_info(const bench_config& cfg, int ranks, int threads, int devi
     info.config = &cfg;
     info.ranks = ranks;
     info.root = cfg.collective == collective_kind::broadcast ? cfg.root : -1;
-    info.op_name = reduces(cfg.collective) ? std::string(to_string(cfg.op)) : "none";
+    info.op_name = reduces(cfg.collective) ? std::string() : "none";
+    for (reduce_op op : reduces(cfg.collective) ? cfg.ops : std::vector<reduce_op>{}) {
+        info.op_name += (info.op_name.empty() ? "" : ",") + std::string(to_string(op));
+    }
     info.threads_per_process = threads;
     info.devices_per_rank = devices;
 #if UNISON_HAS_NCCL()
@@ -486,57 +601,83 @@ constexpr std::string_view local_add_description =
     "single-threaded c[i] = a[i] + b[i] (out of place) and a[i] += b[i] (in place) over "
     "`size` bytes of the same dtype on rank 0, timed the same way: the host's memory speed";
 
-/// The whole run on one rank: warm-up, main table (timed alongside the raw-MPI
-/// baseline where there is one), baselines. `out` is non-null on rank 0 only. A
-/// non-empty `no_local_add` says why the local-add baseline does not apply.
-/// Returns the total of #wrong, plus one when the average bus bandwidth is below
-/// --min-busbw (or NCCL_TESTS_MIN_BW): the run failed when it is not 0. Known on every
-/// rank.
-template <rank_control Control, class Memory, class Call, class Partner>
-std::uint64_t run_rank(const bench_config& cfg, Control& ctl, Memory& mem, Call& call, int rank,
-                       int ranks, reporter* out, const raw_baseline<Partner>& raw,
+/// The whole run on one rank: for each type and reduction timed (-d, -o), the
+/// warm-up and the main table's rows (timed alongside the raw-MPI baseline where
+/// there is one, and followed by the local-add baseline's); then the closing lines
+/// and the baselines' tables. `make_call(k)` and `make_raw(k)` give unison's call
+/// and the raw-MPI baseline (raw_baseline) for the configuration `k` of one type and
+/// reduction. `out` is non-null on rank 0 only. A non-empty `no_local_add` says why
+/// the local-add baseline does not apply. Returns the total of #wrong, plus one when
+/// the average bus bandwidth is below --min-busbw (or NCCL_TESTS_MIN_BW): the run
+/// failed when it is not 0. Known on every rank.
+template <rank_control Control, class Memory, class MakeCall, class MakeRaw>
+std::uint64_t run_rank(const bench_config& cfg, Control& ctl, Memory& mem, MakeCall make_call,
+                       MakeRaw make_raw, int rank, int ranks, reporter* out,
                        std::string_view no_local_add = {}) {
-    rank_driver<Control, Memory> driver(cfg, ctl, mem, rank, ranks);
-    driver.warm_up(call);
-    Partner* partner = cfg.baseline ? raw.call : nullptr;
-    if (partner != nullptr) {
-        driver.warm_up(*partner);
+    std::vector<size_result> rows, raw_rows, local_rows;
+    std::string raw_what, raw_why_not;
+    for (const auto& [type, op] : timed_kinds(cfg)) {
+        bench_config k = cfg;
+        k.type = type;
+        k.op = op;
+        mem.set_offset(static_cast<std::size_t>(cfg.unalign) * size_of(type));
+        auto call = make_call(k);
+        auto raw = make_raw(k);
+        auto* partner = cfg.baseline && raw.call ? &*raw.call : nullptr;
+        const std::string kind = std::string(to_string(type)) +
+                                 (reduces(cfg.collective) ? " " + std::string(to_string(op)) : "");
+        if (partner != nullptr) {
+            raw_what = raw.what;
+        } else if (!raw.why_not.empty()) {
+            raw_why_not += (raw_why_not.empty() ? "" : "; ") +
+                           (timed_kinds(cfg).size() > 1 ? kind + ": " : "") + raw.why_not;
+        }
+        rank_driver<Control, Memory> driver(k, ctl, mem, rank, ranks);
+        driver.warm_up(call);
+        if (partner != nullptr) {
+            driver.warm_up(*partner);
+        }
+        auto [mine, theirs] = driver.run_tables(call, partner, out, raw.result_at_start);
+        if (cfg.baseline && no_local_add.empty()) {
+            const std::vector<size_result> added = driver.run_local_add(mine);
+            local_rows.insert(local_rows.end(), added.begin(), added.end());
+        }
+        rows.insert(rows.end(), mine.begin(), mine.end());
+        raw_rows.insert(raw_rows.end(), theirs.begin(), theirs.end());
     }
-    const auto [rows, raw_rows] = driver.run_tables(call, partner, out, raw.result_at_start);
+    mem.set_offset(0);
     const table_summary total = summarize(rows);
     if (out != nullptr) {
         out->end_main(total.wrong, total.avg_busbw);
-    }
-    if (cfg.baseline) {
-        if (out != nullptr) {
-            if (partner != nullptr) {
-                out->begin_baseline("raw-mpi", raw.what);
+        if (cfg.baseline) {
+            if (!raw_rows.empty()) {
+                out->begin_baseline("raw-mpi", raw_why_not.empty()
+                                                   ? raw_what
+                                                   : raw_what + " (none for " + raw_why_not + ")");
                 for (const size_result& r : raw_rows) {
                     out->baseline_row(r);
                 }
             } else {
-                out->skip_baseline("raw-mpi", raw.why_not);
+                out->skip_baseline("raw-mpi", raw_why_not);
             }
-        }
-        if (!no_local_add.empty()) {
-            if (out != nullptr) {
+            if (!no_local_add.empty()) {
                 out->skip_baseline("local-add", no_local_add);
-            }
-        } else {
-            if (out != nullptr) {
+            } else {
                 out->begin_baseline("local-add", local_add_description);
+                for (const size_result& r : local_rows) {
+                    out->baseline_row(r);
+                }
             }
-            driver.run_local_add(rows, out);
         }
-    }
-    if (out != nullptr) {
         out->finish();
     }
     return total.wrong + (below_threshold(cfg, total.avg_busbw) ? 1 : 0);
 }
 
 /// For backends other than MPI: the raw-MPI baseline does not apply.
-const raw_baseline<no_partner> no_raw_mpi{nullptr, {}, "needs -B mpi"};
+constexpr auto no_raw_mpi = [](const bench_config&) {
+    return raw_baseline<no_partner>{std::nullopt, {}, "needs -B mpi", false};
+};
 
 // ------------------------------------------------------------------ thread backend
 
@@ -557,14 +698,17 @@ int run_thread_backend(const bench_config& cfg) {
     std::uint64_t wrong = 0;
     thread_world(cfg.thread_ranks).run([&](thread_communicator& comm) {
         unison_control<thread_communicator> ctl{comm};
-        unison_call<thread_communicator> call{comm, cfg.collective, cfg.type, cfg.op, cfg.root};
-        host_buffers mem(cfg.max_bytes); // allocated and first touched by its rank
+        auto make_call = [&](const bench_config& k) {
+            return unison_call<thread_communicator>{comm, k.collective, k.type, k.op, k.root};
+        };
+        // allocated and first touched by its rank
+        host_buffers mem(cfg.max_bytes + unalign_padding(cfg));
         reporter* mine = comm.rank() == 0 ? out.get() : nullptr;
         if (mine != nullptr) {
             mine->begin(info);
         }
         const std::uint64_t w =
-            run_rank(cfg, ctl, mem, call, comm.rank(), comm.size(), mine, no_raw_mpi);
+            run_rank(cfg, ctl, mem, make_call, no_raw_mpi, comm.rank(), comm.size(), mine);
         if (comm.rank() == 0) {
             wrong = w;
         }
@@ -604,6 +748,20 @@ struct mpi_control {
         check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_SUM, comm), "MPI_Allreduce");
         return v;
     }
+    void max_each(std::vector<double>& v) { each(v, MPI_MAX); }
+    void sum_each(std::vector<double>& v) { each(v, MPI_SUM); }
+
+private:
+    void each(std::vector<double>& v, MPI_Op op) {
+        check_mpi(
+            MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, op, comm),
+            "MPI_Allreduce");
+    }
+};
+
+/// mpi_control with -I's host clock (the MPI backend's calls block).
+struct mpi_host_control : mpi_control, host_iteration_clock {
+    explicit mpi_host_control(MPI_Comm c) : mpi_control{c} {}
 };
 
 /// Every rank's device line, gathered on rank 0 (empty elsewhere). Each travels as
@@ -685,6 +843,10 @@ MPI_Datatype raw_mpi_type(dtype t, bool reducing) {
         return MPI_INT8_T;
     case dtype::u8:
         return MPI_UINT8_T;
+    case dtype::u32:
+        return MPI_UINT32_T;
+    case dtype::u64:
+        return MPI_UINT64_T;
     case dtype::f16:
     case dtype::bf16:
         return reducing ? MPI_DATATYPE_NULL : MPI_UINT16_T;
@@ -828,25 +990,29 @@ int run_mpi_once(const bench_config& cfg, mpi_communicator& comm, const run_info
         mine_out->begin(info);
     }
 
-    mpi_control ctl{MPI_COMM_WORLD};
-    unison_call<mpi_communicator> call{comm, cfg.collective, cfg.type, cfg.op, cfg.root};
-    host_buffers mem(cfg.max_bytes);
-    const bool reducing = reduces(cfg.collective);
-    const MPI_Datatype type = raw_mpi_type(cfg.type, reducing);
-    const MPI_Op op = reducing ? raw_mpi_op(cfg.op) : MPI_OP_NULL;
-    raw_mpi_call raw_call{MPI_COMM_WORLD, cfg.collective, type, op, cfg.root, rank};
-    raw_baseline<raw_mpi_call> raw;
-    if (type == MPI_DATATYPE_NULL || (reducing && op == MPI_OP_NULL)) {
-        raw.why_not = type == MPI_DATATYPE_NULL ? "MPI has no reduction for half or bfloat16"
-                                                : "MPI has no avg reduction";
-    } else {
-        raw.call = &raw_call;
-        raw.what = std::string(raw_mpi_name(cfg.collective)) +
-                   " (MPI_IN_PLACE in place) on the same buffers, sizes and dtype, timed and "
-                   "checked the same way, size by size alternating with unison's calls";
-        raw.result_at_start = cfg.collective == collective_kind::reduce_scatter;
-    }
-    const std::uint64_t wrong = run_rank(cfg, ctl, mem, call, rank, ranks, mine_out, raw);
+    mpi_host_control ctl{MPI_COMM_WORLD};
+    auto make_call = [&](const bench_config& k) {
+        return unison_call<mpi_communicator>{comm, k.collective, k.type, k.op, k.root};
+    };
+    host_buffers mem(cfg.max_bytes + unalign_padding(cfg));
+    auto make_raw = [&](const bench_config& k) {
+        const bool reducing = reduces(k.collective);
+        const MPI_Datatype type = raw_mpi_type(k.type, reducing);
+        const MPI_Op op = reducing ? raw_mpi_op(k.op) : MPI_OP_NULL;
+        raw_baseline<raw_mpi_call> raw;
+        if (type == MPI_DATATYPE_NULL || (reducing && op == MPI_OP_NULL)) {
+            raw.why_not = type == MPI_DATATYPE_NULL ? "MPI has no reduction for half or bfloat16"
+                                                    : "MPI has no avg reduction";
+        } else {
+            raw.call = raw_mpi_call{MPI_COMM_WORLD, k.collective, type, op, k.root, rank};
+            raw.what = std::string(raw_mpi_name(k.collective)) +
+                       " (MPI_IN_PLACE in place) on the same buffers, sizes and dtype, timed and "
+                       "checked the same way, size by size alternating with unison's calls";
+            raw.result_at_start = k.collective == collective_kind::reduce_scatter;
+        }
+        return raw;
+    };
+    const std::uint64_t wrong = run_rank(cfg, ctl, mem, make_call, make_raw, rank, ranks, mine_out);
     return wrong == 0 ? 0 : 1;
 }
 
@@ -886,21 +1052,23 @@ public:
         cudaFree(recv_);
     }
 
-    std::byte* send() noexcept { return static_cast<std::byte*>(send_); }
-    std::byte* recv() noexcept { return static_cast<std::byte*>(recv_); }
+    /// -u: both buffers start this many bytes past their allocation.
+    void set_offset(std::size_t bytes) noexcept { offset_ = bytes; }
+    std::byte* send() noexcept { return static_cast<std::byte*>(send_) + offset_; }
+    std::byte* recv() noexcept { return static_cast<std::byte*>(recv_) + offset_; }
 
     void prepare(const check_site& c, const data_pattern& p, bool in_place) {
         prepare_inputs(c, p, in_place, stage_send_.data(), stage_recv_.data());
         if (!in_place) {
-            copy(send_, stage_send_.data(), c.shape.send_bytes, cudaMemcpyHostToDevice);
+            copy(send(), stage_send_.data(), c.shape.send_bytes, cudaMemcpyHostToDevice);
         }
-        copy(recv_, stage_recv_.data(), c.shape.size_bytes(), cudaMemcpyHostToDevice);
+        copy(recv(), stage_recv_.data(), c.shape.size_bytes(), cudaMemcpyHostToDevice);
         sync();
     }
 
     std::uint64_t wrong(const check_site& c, const data_pattern& p, bool in_place,
                         bool result_at_start) {
-        copy(stage_recv_.data(), recv_, c.shape.size_bytes(), cudaMemcpyDeviceToHost);
+        copy(stage_recv_.data(), recv(), c.shape.size_bytes(), cudaMemcpyDeviceToHost);
         sync();
         const std::byte* r = stage_recv_.data();
         return count_wrong(c, p, result_at_start ? r : result_of(c, in_place, r));
@@ -918,23 +1086,69 @@ private:
     cudaStream_t stream_;
     void* send_ = nullptr;
     void* recv_ = nullptr;
+    std::size_t offset_ = 0;
 };
 
 /// The control plane of the NCCL runs: MPI on the host; finishing waits for the
-/// calls enqueued since the last finish (nccl-tests' completeColl).
-struct nccl_control {
-    mpi_control host;
-    std::vector<nccl_request>& pending;
+/// calls enqueued since the last finish (nccl-tests' completeColl). -I marks each
+/// call's start with a CUDA event on the communicator's stream, as nccl-tests does.
+class nccl_control {
+public:
+    nccl_control(MPI_Comm c, std::vector<nccl_request>& pending, cudaStream_t stream, int rank)
+        : host_{c}, pending_(pending), stream_(stream), rank_(rank) {}
+    nccl_control(const nccl_control&) = delete;
+    nccl_control& operator=(const nccl_control&) = delete;
+    ~nccl_control() {
+        for (cudaEvent_t e : events_) {
+            cudaEventDestroy(e);
+        }
+    }
 
-    void barrier() { host.barrier(); }
+    void barrier() { host_.barrier(); }
     void finish() {
-        std::vector<nccl_request> issued = std::move(pending);
-        pending.clear();
+        std::vector<nccl_request> issued = std::move(pending_);
+        pending_.clear();
         wait_all(std::span<nccl_request>(issued));
     }
-    double max(double v) { return host.max(v); }
-    double sum(double v) { return host.sum(v); }
-    std::uint64_t sum(std::uint64_t v) { return host.sum(v); }
+    double max(double v) { return host_.max(v); }
+    double sum(double v) { return host_.sum(v); }
+    std::uint64_t sum(std::uint64_t v) { return host_.sum(v); }
+    void max_each(std::vector<double>& v) { host_.max_each(v); }
+    void sum_each(std::vector<double>& v) { host_.sum_each(v); }
+
+    void begin_iterations(int n) {
+        while (events_.size() < static_cast<std::size_t>(n) + 1) {
+            cudaEvent_t e = nullptr;
+            UNISON_CHECK_CUDA(cudaEventCreate(&e), rank_, "unison-bench");
+            events_.push_back(e);
+        }
+        marked_ = 0;
+    }
+    void mark_iteration() {
+        UNISON_CHECK_CUDA(cudaEventRecord(events_[marked_++], stream_), rank_, "unison-bench");
+    }
+    /// After finish(): each call's time, from its start event to the next one's (the
+    /// last to an event recorded behind it).
+    std::vector<double> iteration_seconds() {
+        mark_iteration();
+        UNISON_CHECK_CUDA(cudaEventSynchronize(events_[marked_ - 1]), rank_, "unison-bench");
+        std::vector<double> t;
+        for (std::size_t i = 1; i < marked_; ++i) {
+            float ms = 0;
+            UNISON_CHECK_CUDA(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]), rank_,
+                              "unison-bench");
+            t.push_back(static_cast<double>(ms) * 1e-3);
+        }
+        return t;
+    }
+
+private:
+    mpi_control host_;
+    std::vector<nccl_request>& pending_;
+    cudaStream_t stream_;
+    int rank_;
+    std::vector<cudaEvent_t> events_;
+    std::size_t marked_ = 0;
 };
 
 int run_nccl_ranks(const bench_config& cfg) {
@@ -961,12 +1175,14 @@ int run_nccl_ranks(const bench_config& cfg) {
         mine_out->begin(info);
     }
     std::vector<nccl_request> pending;
-    nccl_control ctl{mpi_control{MPI_COMM_WORLD}, pending};
-    const unison_call<nccl_communicator> call{
-        comm, cfg.collective, cfg.type, cfg.op, cfg.root, device::cuda(comm.device()), &pending};
-    device_buffers mem(cfg.max_bytes, rank, comm.stream());
+    nccl_control ctl(MPI_COMM_WORLD, pending, comm.stream(), rank);
+    auto make_call = [&](const bench_config& k) {
+        return unison_call<nccl_communicator>{
+            comm, k.collective, k.type, k.op, k.root, device::cuda(comm.device()), &pending};
+    };
+    device_buffers mem(cfg.max_bytes + unalign_padding(cfg), rank, comm.stream());
     const std::uint64_t wrong =
-        run_rank(cfg, ctl, mem, call, rank, ranks, mine_out, no_raw_mpi,
+        run_rank(cfg, ctl, mem, make_call, no_raw_mpi, rank, ranks, mine_out,
                  "the NCCL backend moves device memory, and a host loop is no reference for it");
     return wrong == 0 ? 0 : 1;
 }
@@ -1006,13 +1222,38 @@ int main(int argc, char** argv) {
     // Started by an MPI launcher (mpirun, srun, MPICH's mpiexec) with more than one
     // process and no -B or -t: join the MPI world, as nccl-tests' binaries do,
     // instead of running one thread benchmark per process.
-    if (!cfg.backend_given && !cfg.thread_ranks_given) {
+    // nccl-tests' -t 1 and -g 1 (one thread, one GPU per process) do not keep it from
+    // joining.
+    if (!cfg.backend_given && (!cfg.thread_ranks_given || cfg.thread_ranks == 1) &&
+        cfg.devices_per_thread == 1) {
         try {
             const unison::launch_info launch = unison::detect_launch();
             if (launch.size > 1 && launch.launcher != "none" && launch.launcher != "torchrun") {
                 cfg.backend = backend_kind::mpi;
+                if (cfg.devices_given) {
+                    cfg.neutral.push_back("-g 1");
+                }
+                if (cfg.thread_ranks_given) {
+                    cfg.neutral.push_back("-t 1");
+                }
             }
         } catch (const std::exception&) { // malformed variables: the backend reports them
+        }
+    } else if (!cfg.backend_given && cfg.devices_per_thread > 1) {
+        try {
+            const unison::launch_info launch = unison::detect_launch();
+            if (launch.size > 1 && launch.launcher != "none") {
+                if (launch_rank() == 0) {
+                    std::fprintf(stderr,
+                                 "unison-bench: error: -g %d under a launcher of %d processes: "
+                                 "unison runs one rank per process, one device each (use -g 1, "
+                                 "or -g %d without the launcher for %d thread ranks)\n",
+                                 cfg.devices_per_thread, launch.size, cfg.devices_per_thread,
+                                 cfg.thread_ranks);
+                }
+                return 2;
+            }
+        } catch (const std::exception&) {
         }
     }
 
