@@ -182,12 +182,17 @@ int train(unison::mpi_communicator& comm, const settings& s) {
         const std::int64_t first = batch_start(step, s.batch) + rank * shard;
 
         optimizer->zero_grad();
+        // Phases on the timeline (UNISON_TIMELINE=path; nothing when it is unset).
+        std::optional<unison::timeline::scope> phase(std::in_place, rank, "forward");
         // Each rank's loss is the mean over its shard; DDP averages over the ranks, so
         // the gradient is that of the mean over the global batch.
         const torch::Tensor loss = torch::nn::functional::cross_entropy(
             model->forward(data.x.narrow(0, first, shard)), data.y.narrow(0, first, shard));
+        phase.emplace(rank, "backward");
         loss.backward(); // averaged gradients in place when it returns
+        phase.emplace(rank, "step");
         optimizer->step();
+        phase.reset();
 
         // Logging: the global mean loss, all-reduced as a torch tensor.
         torch::Tensor global_loss = loss.detach().to(torch::kDouble).reshape({1});

@@ -85,15 +85,20 @@ int train(C& comm, const settings& s) {
         const auto batch = nn::slice(data, begin, begin + shard);
 
         model.zero_grad();
+        // Phases on the timeline (UNISON_TIMELINE=path; nothing when it is unset).
+        std::optional<unison::timeline::scope> phase(std::in_place, comm.rank(), "forward");
         const auto logits = model.forward(batch.x);
         // Each rank's loss is the mean over its shard; DDP averages over ranks, so the
         // gradient is that of the mean over the global batch.
         const auto loss = nn::softmax_cross_entropy<float>(logits, batch.labels,
                                                            1.0f / static_cast<float>(shard));
+        phase.emplace(comm.rank(), "backward");
         model.backward(loss.dlogits); // hooks call dp.mark_ready as gradients finish
-        if (dp.finish()) {            // averaged gradients are in place (false only on a
-            optimizer.step();         // micro-batch that accumulates: accumulate_steps)
+        phase.emplace(comm.rank(), "finish and step");
+        if (dp.finish()) {    // averaged gradients are in place (false only on a
+            optimizer.step(); // micro-batch that accumulates: accumulate_steps)
         }
+        phase.reset();
 
         // Logging only: the global mean loss and accuracy (one small all-reduce).
         loss_and_right[0] = static_cast<double>(loss.loss) / static_cast<double>(ranks);

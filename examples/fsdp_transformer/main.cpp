@@ -437,12 +437,17 @@ int train(unison::mpi_communicator& comm, const settings& s) {
             const std::int64_t rows = local * (k + 1) / s.micro_batches - first;
             const torch::Tensor part = window.narrow(0, first, rows);
             const torch::Tensor input = part.narrow(1, 0, s.context);
+            // Phases on the timeline (UNISON_TIMELINE=path; nothing when it is unset).
+            std::optional<unison::timeline::scope> phase(std::in_place, rank, "forward");
             const torch::Tensor loss =
                 loss_of(engine.forward([&] { return model->forward(input); }),
                         part.narrow(1, 1, s.context)) *
                 (static_cast<double>(rows) / static_cast<double>(local));
-            loss.backward();   // each block's reduce-scatter starts
+            phase.emplace(rank, "backward");
+            loss.backward(); // each block's reduce-scatter starts
+            phase.emplace(rank, "step");
             r = engine.step(); // on the last micro-batch: clip to norm 1, AdamW, zero
+            phase.reset();
             rank_loss += loss.item<double>();
         }
 

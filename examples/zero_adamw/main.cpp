@@ -105,11 +105,16 @@ int train(C& comm, const settings& s) {
             (static_cast<std::size_t>(step) * s.batch) % samples + rank * shard;
         const auto batch = nn::slice(data, begin, begin + shard);
 
+        // Phases on the timeline (UNISON_TIMELINE=path; nothing when it is unset).
+        std::optional<unison::timeline::scope> phase(std::in_place, comm.rank(), "forward");
         const auto logits = model.forward(batch.x);
         const auto loss = nn::softmax_cross_entropy<float>(logits, batch.labels,
                                                            1.0f / static_cast<float>(shard));
+        phase.emplace(comm.rank(), "backward");
         model.backward(loss.dlogits);
+        phase.emplace(comm.rank(), "step");
         const step_result r = engine.step(); // reduce-scatters done, clipped, updated, zeroed
+        phase.reset();
 
         loss_and_right[0] = static_cast<double>(loss.loss) / static_cast<double>(ranks);
         loss_and_right[1] = nn::accuracy(logits, batch.labels) / static_cast<double>(ranks);

@@ -7,5 +7,7 @@
 #include "unison/core/dtype.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/half.hpp"
+#include "unison/core/log.hpp"
 #include "unison/core/reduce_op.hpp"
 #include "unison/core/tensor.hpp"
+#include "unison/core/timeline.hpp"

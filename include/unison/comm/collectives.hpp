@@ -11,10 +11,12 @@
 
 #include "unison/comm/communicator.hpp"
 #include "unison/comm/detail/validate.hpp"
+#include "unison/core/log.hpp"
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 namespace unison {
 
@@ -50,15 +52,50 @@ inline buffer block_of(const call_site& site, const buffer& whole) {
             n, whole.type, whole.location};
 }
 
+/// What UNISON_LOG=debug writes for each call: the operation, its size, type and
+/// reduction, its stamp, and whether it blocks.
+inline std::string describe_call(const collective_call& call, int size, bool blocking) {
+    std::string s = std::string(to_string(call.op)) + (blocking ? " " : " (async) ") +
+                    std::to_string(call.count) + " x " + std::string(to_string(call.type));
+    if (call.op == operation::all_reduce || call.op == operation::reduce_scatter ||
+        call.op == operation::reduce) {
+        s += ", " + std::string(to_string(call.reduction));
+    }
+    if (call.op == operation::broadcast || call.op == operation::reduce ||
+        call.op == operation::send || call.op == operation::recv) {
+        s += (call.op == operation::send || call.op == operation::recv ? ", peer " : ", root ") +
+             std::to_string(call.root);
+    }
+    if (!call.pieces.empty()) {
+        s += ", " + std::to_string(call.pieces.size()) + " tensors coalesced";
+    }
+    s += ", " + std::to_string(size) + " ranks, on " + to_string(call.location);
+    if (call.tag != 0) {
+        s += ", tag " + std::to_string(call.tag);
+    }
+    if (call.step != 0) {
+        s += ", step " + std::to_string(call.step);
+    }
+    return s;
+}
+
 /// Hands calls to `comm` with `stamp`'s tag and step (the stamp parameter of every
-/// collective below).
+/// collective below), each written to the log at debug level.
 template <communicator C>
 struct stamp_onto {
     C& comm;
     call_stamp stamp;
     stamp_onto(C& c, call_stamp s) : comm(c), stamp(s) {}
-    void execute(collective_call call) { comm.execute(stamped(call)); }
-    typename C::request_type submit(collective_call call) { return comm.submit(stamped(call)); }
+    void execute(collective_call call) {
+        call = stamped(call);
+        log(log_level::debug, comm.rank(), [&] { return describe_call(call, comm.size(), true); });
+        comm.execute(call);
+    }
+    typename C::request_type submit(collective_call call) {
+        call = stamped(call);
+        log(log_level::debug, comm.rank(), [&] { return describe_call(call, comm.size(), false); });
+        return comm.submit(call);
+    }
     collective_call stamped(collective_call call) const noexcept {
         call.tag = stamp.tag;
         call.step = stamp.step;

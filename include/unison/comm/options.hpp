@@ -2,6 +2,7 @@
 
 #include "unison/comm/algorithm.hpp"
 #include "unison/core/error.hpp"
+#include "unison/core/log.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -63,6 +64,7 @@ struct comm_options {
     /// off). A value that is none of these is an argument_error naming the variable
     /// and the value, never a silent default.
     static comm_options from_env() {
+        (void)current_log_level(); // a malformed UNISON_LOG is refused here, early
         comm_options o;
         if (const char* t = std::getenv("UNISON_TIMEOUT"); t != nullptr && *t != '\0') {
             char* end = nullptr;

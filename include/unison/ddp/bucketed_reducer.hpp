@@ -46,6 +46,7 @@
 #include "unison/core/detail/hash.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/tensor.hpp"
+#include "unison/core/timeline.hpp"
 #include "unison/ddp/detail/bucket_plan.hpp"
 #include "unison/ddp/detail/config.hpp"
 #include "unison/ddp/hooks.hpp"
@@ -293,7 +294,9 @@ public:
                     }
                     unpack(b, post);
                 }
+                trace_bucket(k, 'e', failure ? "not unpacked" : nullptr);
             } catch (...) {
+                trace_bucket(k, 'e', "error");
                 if (!failure) {
                     failure = std::current_exception();
                 }
@@ -436,8 +439,35 @@ private:
         bool averaged = false;      ///< reduced with avg: nothing left to divide
         std::vector<buffer> pieces; ///< coalesced: the members' gradients, in order
         std::optional<request_type> request;
+        std::uint64_t trace_id = 0; ///< its reduction's span on the timeline, while open
         std::byte* data() const noexcept { return storage.data(); }
     };
+
+    /// The timeline (core/timeline.hpp): bucket `k` became ready, was launched, or
+    /// was reduced and unpacked (`outcome`: how it ended otherwise).
+    void trace_bucket(std::size_t k, char what, const char* outcome = nullptr) {
+        if (!timeline::enabled()) {
+            return;
+        }
+        bucket& b = buckets_[k];
+        const int rank = comm_->rank();
+        const std::string name = "bucket " + std::to_string(k);
+        if (what == 'r') {
+            timeline::instant(rank, timeline::lane::ddp, "ddp", name + " ready");
+        } else if (what == 'b') {
+            b.trace_id = timeline::next_id(rank);
+            timeline::begin(rank, timeline::lane::ddp, "ddp", name, b.trace_id,
+                            "\"bucket\":" + std::to_string(k) +
+                                ",\"bytes\":" + std::to_string(b.count * size_of(b.type)) +
+                                ",\"gradients\":" + std::to_string(b.members.size()) +
+                                ",\"dtype\":\"" + std::string(to_string(b.type)) + "\"");
+        } else if (b.trace_id != 0) {
+            timeline::end(rank, timeline::lane::ddp, "ddp", name, b.trace_id,
+                          outcome != nullptr ? "\"outcome\":\"" + std::string(outcome) + "\""
+                                             : std::string());
+            b.trace_id = 0;
+        }
+    }
 
     static dtype bucket_dtype(dtype grad_type) noexcept {
         if constexpr (config::own_dtype) {
@@ -519,12 +549,15 @@ private:
             detail::convert_scale(slot(e), e.bucket_type, e.grad.data, e.grad.type, e.grad.count,
                                   pre_scale());
         }
-        --buckets_[e.bucket].pending;
+        if (--buckets_[e.bucket].pending == 0) {
+            trace_bucket(e.bucket, 'r');
+        }
     }
 
     void launch_ready_buckets() {
         while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
             const std::size_t k = next_launch_++;
+            trace_bucket(k, 'b');
             if constexpr (coalescing) {
                 if (coalesced_) {
                     launch_coalesced(buckets_[k]);
@@ -622,6 +655,9 @@ private:
             e.ready = false;
             e.zero = false;
         }
+        for (std::size_t k = 0; k < buckets_.size(); ++k) {
+            trace_bucket(k, 'e', "dropped"); // only a span still open: none after finish
+        }
         for (bucket& b : buckets_) {
             b.request.reset();
             b.pending = b.members.size();
@@ -677,6 +713,23 @@ private:
             }
         }
         ++layout_version_;
+        log(log_level::info, comm_->rank(), [&] { return describe_layout(carry_values); });
+    }
+
+    /// UNISON_LOG=info: the bucket plan just laid out.
+    std::string describe_layout(bool rebuilt) const {
+        std::string s = std::string("bucketed_reducer: ") + (rebuilt ? "rebuilt " : "") +
+                        std::to_string(buckets_.size()) + " buckets for " +
+                        std::to_string(entries_.size()) + " gradients (first bucket " +
+                        std::to_string(options_.first_bucket_bytes) + " B, then " +
+                        std::to_string(options_.bucket_bytes) + " B):";
+        for (std::size_t k = 0; k < buckets_.size(); ++k) {
+            const bucket& b = buckets_[k];
+            s += (k == 0 ? " " : ", ") + std::to_string(b.members.size()) + " x " +
+                 std::string(to_string(b.type)) + " = " +
+                 std::to_string(b.count * size_of(b.type)) + " B";
+        }
+        return s;
     }
 
     /// Device gradients: bucket k's members become its bucket slots, one kernel per

@@ -95,6 +95,7 @@ public:
         MPI_Comm dup = MPI_COMM_NULL;
         UNISON_CHECK_MPI(MPI_Comm_dup(comm, &dup), -1, "mpi_communicator");
         state_ = std::make_unique<detail::mpi_rank_state>(dup, options);
+        log_made("made");
     }
 
     int rank() const noexcept { return state_->rank; }
@@ -147,12 +148,46 @@ public:
         }
         MPI_Comm sub = MPI_COMM_NULL;
         UNISON_CHECK_MPI(MPI_Comm_split(state_->comm, color, key, &sub), rank(), "split");
-        return mpi_communicator(
+        mpi_communicator made(
             std::make_unique<detail::mpi_rank_state>(sub, state_->options, state_->node));
+        made.log_made("split from rank " + std::to_string(rank()) + " by color " +
+                      std::to_string(color));
+        return made;
     }
 
 private:
     explicit mpi_communicator(std::unique_ptr<detail::mpi_rank_state> s) : state_(std::move(s)) {}
+
+    /// UNISON_LOG=info: what this communicator is and how it will choose.
+    void log_made(const std::string& how) const {
+        log(log_level::info, rank(), [&] {
+            const comm_options& o = options();
+            return "mpi_communicator " + how + ": rank " + std::to_string(rank()) + " of " +
+                   std::to_string(size()) + ", " + std::to_string(node_ranks()) +
+                   " ranks per node" + (one_node() ? " (one node)" : "") +
+                   ", all-reduce algorithm " + std::string(to_string(mpi_forced_algorithm(o))) +
+                   ", timeout " + std::to_string(o.timeout.count()) + " ms" +
+                   (o.check_matching ? ", full call matching" : "") +
+                   (o.deterministic ? ", deterministic" : "");
+        });
+    }
+
+    /// The algorithm an all_reduce, reduce_scatter or all_gather `call` runs.
+    algorithm algorithm_for(const collective_call& call) const noexcept {
+        const std::size_t block = call.count * size_of(call.type);
+        const std::size_t all = block * static_cast<std::size_t>(size());
+        return call.op == operation::all_reduce       ? all_reduce_algorithm(block)
+               : call.op == operation::reduce_scatter ? reduce_scatter_algorithm(all)
+                                                      : all_gather_algorithm(all);
+    }
+
+    /// UNISON_LOG=debug: the algorithm the call `label` runs (where there is a choice).
+    void log_algorithm(const collective_call& call, std::uint64_t seq) const {
+        log(log_level::debug, rank(), [&] {
+            return detail::operation_label(call.op, seq) + " runs " +
+                   std::string(to_string(algorithm_for(call)));
+        });
+    }
 
     std::unique_ptr<detail::mpi_operation> start(const collective_call& call) {
         detail::mpi_rank_state& s = *state_;
@@ -167,7 +202,18 @@ private:
         if (!p2p && s.options.check_matching) {
             check_matching(call, seq);
         }
+        if (call.op == operation::all_reduce || call.op == operation::reduce_scatter ||
+            call.op == operation::all_gather) {
+            log_algorithm(call, seq);
+        }
         auto op = s.acquire(call, seq);
+        if (timeline::enabled()) {
+            const bool chosen = call.op == operation::all_reduce ||
+                                call.op == operation::reduce_scatter ||
+                                call.op == operation::all_gather;
+            op->span().begin(s.rank, call, s.size, static_cast<std::int64_t>(seq),
+                             chosen ? to_string(algorithm_for(call)) : std::string_view());
+        }
         op->start();
         return op;
     }

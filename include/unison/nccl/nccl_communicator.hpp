@@ -8,6 +8,7 @@
 
 #include "unison/comm/communicator.hpp"
 #include "unison/comm/detail/matching.hpp"
+#include "unison/comm/detail/trace.hpp"
 #include "unison/comm/detail/validate.hpp"
 #include "unison/comm/launcher.hpp"
 #include "unison/core/detail/clock.hpp"
@@ -138,7 +139,7 @@ public:
     nccl_request() = default;
     nccl_request(nccl_request&& o) noexcept
         : state_(o.state_), event_(std::exchange(o.event_, nullptr)), label_(std::move(o.label_)),
-          sequence_(o.sequence_) {}
+          sequence_(o.sequence_), span_(std::exchange(o.span_, {})) {}
     nccl_request& operator=(nccl_request&& o) noexcept {
         if (this != &o) {
             finish_quietly();
@@ -146,6 +147,7 @@ public:
             event_ = std::exchange(o.event_, nullptr);
             label_ = std::move(o.label_);
             sequence_ = o.sequence_;
+            span_ = std::exchange(o.span_, {});
         }
         return *this;
     }
@@ -161,13 +163,21 @@ public:
         try {
             state_->wait(e, label_, sequence_);
         } catch (...) {
+            span_.end("error");
             cudaEventDestroy(e);
             throw;
         }
+        span_.end(); // when the host saw it complete
         cudaEventDestroy(e);
     }
     /// True once the operation has completed on the device.
-    bool test() { return event_ == nullptr || cudaEventQuery(event_) == cudaSuccess; }
+    bool test() {
+        const bool done = event_ == nullptr || cudaEventQuery(event_) == cudaSuccess;
+        if (done) {
+            span_.end();
+        }
+        return done;
+    }
     /// The event recorded after the operation: make another stream wait on it with
     /// cudaStreamWaitEvent to order compute after communication without a host wait.
     cudaEvent_t event() const noexcept { return event_; }
@@ -187,6 +197,7 @@ private:
     cudaEvent_t event_ = nullptr;
     std::string label_;
     std::uint64_t sequence_ = 0;
+    detail::collective_span span_; ///< the call on the timeline, ended when seen done
 };
 
 /// A communicator over an NCCL communicator and a CUDA stream. Models `communicator`;
@@ -354,11 +365,15 @@ public:
         if (!p2p && s.options.check_matching) {
             check_matching(call, label);
         }
+        detail::collective_span span;
+        span.begin(s.rank, call, s.size, static_cast<std::int64_t>(seq));
         enqueue(call, label);
         cudaEvent_t e = nullptr;
         UNISON_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), s.rank, label);
         UNISON_CHECK_CUDA(cudaEventRecord(e, s.stream), s.rank, label);
-        return nccl_request(&s, e, label, seq);
+        nccl_request r(&s, e, label, seq);
+        r.span_ = std::move(span);
+        return r;
     }
 
     /// Collective: ncclCommSplit by `color` (>= 0) and `key`; shares this stream.
@@ -376,7 +391,13 @@ public:
 private:
     nccl_communicator(ncclComm_t comm, cudaStream_t stream, int device, bool owns,
                       comm_options options)
-        : state_(std::make_unique<detail::nccl_rank_state>(comm, stream, device, owns, options)) {}
+        : state_(std::make_unique<detail::nccl_rank_state>(comm, stream, device, owns, options)) {
+        log(log_level::info, rank(), [&] {
+            return "nccl_communicator made: rank " + std::to_string(rank()) + " of " +
+                   std::to_string(size()) + " on cuda:" + std::to_string(device) + ", timeout " +
+                   std::to_string(options.timeout.count()) + " ms";
+        });
+    }
 
     void enqueue(const collective_call& c, const std::string& label) {
         detail::nccl_rank_state& s = *state_;

@@ -28,6 +28,7 @@
 #include "unison/comm/collectives.hpp"
 #include "unison/core/detail/convert.hpp"
 #include "unison/core/error.hpp"
+#include "unison/core/timeline.hpp"
 #include "unison/kernels/host.hpp"
 #include "unison/optim/optimizer.hpp"
 #include "unison/parallel/detail/control.hpp"
@@ -171,6 +172,7 @@ public:
     /// partition; then (strategies that publish) all-gathers the new parameters.
     /// Collective.
     step_result step() {
+        const timeline::scope trace(params_->communicator().rank(), "optimizer step");
         params_->wait_gradients();
         if (place().on_device() && !device_step_) {
             params_->fail(

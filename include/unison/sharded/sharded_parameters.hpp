@@ -53,6 +53,7 @@
 #include "unison/core/detail/hash.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/tensor.hpp"
+#include "unison/core/timeline.hpp"
 #include "unison/parallel/detail/control.hpp"
 #include "unison/parallel/detail/placement.hpp"
 #include "unison/sharded/detail/config.hpp"
@@ -153,7 +154,15 @@ public:
     sharded_parameters(const sharded_parameters&) = delete;
     sharded_parameters& operator=(const sharded_parameters&) = delete;
     /// Waits for what is still in flight (the request destructors wait).
-    ~sharded_parameters() = default;
+    ~sharded_parameters() {
+        for (std::size_t k = 0; k < units_.size(); ++k) { // spans still open on the timeline
+            try {
+                trace_unit(k, 'G', "destroyed");
+                trace_unit(k, 'R', "destroyed");
+            } catch (...) {
+            }
+        }
+    }
 
     /// For `unison::cuda::use_device` (parallel/device.cuh): every buffer (parameters,
     /// gradients, master weights, gathered units) on the installer's device, casts
@@ -246,6 +255,20 @@ public:
         }
         verify_layout();
         started_ = true;
+        log(log_level::info, comm_->rank(), [&] {
+            std::size_t entries = 0;
+            for (const unit& u : units_) {
+                entries += u.last - u.first;
+            }
+            return owner_ + " started: layout " + std::string(strategy::layout_name) + ", " +
+                   std::to_string(units_.size()) + " units of " + std::to_string(entries) +
+                   " parameters, shard group of " + std::to_string(shard_size()) +
+                   " ranks (shard rank " + std::to_string(shard_rank()) + "), " +
+                   (options_.max_live_units > 0
+                        ? "at most " + std::to_string(options_.max_live_units) +
+                              " units gathered at once"
+                        : std::string("no limit on units gathered at once"));
+        });
     }
 
     // ------------------------------------------------------------ forward/backward
@@ -308,11 +331,13 @@ public:
             if (u.gather) {
                 u.gather->wait();
                 u.gather.reset();
+                trace_unit(unit_index, 'G');
             }
             gathered_now_ -= u.mem.full_param.size();
             u.mem.full_param.reset();
             u.state = unit_state::sharded;
             --live_;
+            trace_unit(unit_index, 'x');
         }
     }
 
@@ -338,6 +363,7 @@ public:
                 u.gather->wait();
                 u.gather.reset();
                 u.state = unit_state::gathered;
+                trace_unit(e.unit, 'G');
             }
         }
         return {reinterpret_cast<T*>(u.mem.full_param.data()) + e.offset, e.numel, place_.where()};
@@ -403,6 +429,7 @@ public:
         }
         place_.order_before(shard_comm(), "sharded_parameters reduce_gradients");
         u.reduce = strategy::reduce(*shard_steps_, context(u, unit_index), whole);
+        trace_unit(unit_index, 'r');
         record(1, unit_index);
         pending_.push_back(unit_index);
         progress(reductions_in_flight);
@@ -662,7 +689,37 @@ private:
         bool grad_touched = false;
         bool reduced = false;   // reduce_gradients was called in this step
         bool holds_sum = false; // the partition holds a completed reduction since zero_grad
+        std::uint64_t gather_trace = 0, reduce_trace = 0; // open spans on the timeline
     };
+
+    /// The timeline (core/timeline.hpp): unit `k`'s gather or gradient reduction
+    /// began ('g', 'r') or ended ('G', 'R'; `outcome` when not completed), or the unit
+    /// was released ('x').
+    void trace_unit(std::size_t k, char what, const char* outcome = nullptr) {
+        if (!timeline::enabled()) {
+            return;
+        }
+        unit& u = units_[k];
+        const int rank = comm_->rank();
+        const std::string unit_name = "unit " + std::to_string(k);
+        const bool gather = what == 'g' || what == 'G';
+        std::uint64_t& id = gather ? u.gather_trace : u.reduce_trace;
+        const std::string name = (gather ? "gather " : "reduce ") + unit_name;
+        if (what == 'x') {
+            timeline::instant(rank, timeline::lane::fsdp, "fsdp", "release " + unit_name);
+        } else if (what == 'g' || what == 'r') {
+            id = timeline::next_id(rank);
+            timeline::begin(rank, timeline::lane::fsdp, "fsdp", name, id,
+                            "\"unit\":" + std::to_string(k) +
+                                ",\"elements\":" + std::to_string(u.mem.padded) + ",\"layout\":\"" +
+                                std::string(strategy::layout_name) + "\"");
+        } else if (id != 0) {
+            timeline::end(rank, timeline::lane::fsdp, "fsdp", name, id,
+                          outcome != nullptr ? "\"outcome\":\"" + std::string(outcome) + "\""
+                                             : std::string());
+            id = 0;
+        }
+    }
 
     static int tag_of(std::size_t unit_index) noexcept {
         return static_cast<int>(unit_index % 0x7ffffffe) + 1;
@@ -707,7 +764,13 @@ private:
                 }
             }
         } done{this, u};
-        u.reduce->wait();
+        try {
+            u.reduce->wait();
+        } catch (...) {
+            trace_unit(k, 'R', "error");
+            throw;
+        }
+        trace_unit(k, 'R', write ? nullptr : "not written");
         if (write) {
             strategy::complete(replica_comm(), context(u, k),
                                1.0 / static_cast<double>(comm_->size()));
@@ -767,6 +830,7 @@ private:
                 const_buffer(u.mem.shard_param.data(), u.mem.shard, param_dtype, place_.where()),
                 buffer{u.mem.full_param.data(), u.mem.padded, param_dtype, place_.where()}, false),
             tag_of(unit_index));
+        trace_unit(unit_index, 'g');
         record(0, unit_index);
         u.state = unit_state::gathering;
         gathered_now_ += u.mem.full_param.size();

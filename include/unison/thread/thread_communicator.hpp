@@ -98,12 +98,25 @@ public:
     /// Runs `call` to completion (after any earlier non-blocking calls of this rank).
     void execute(const collective_call& call) {
         state_->engine.drain();
-        state_->run(call);
+        if (!timeline::enabled()) {
+            state_->run(call);
+            return;
+        }
+        detail::collective_span span;
+        span.begin(rank(), call, size(), -1, algorithm_of(call));
+        try {
+            state_->run(call);
+        } catch (...) {
+            span.end("error");
+            throw;
+        }
+        span.end();
     }
 
     /// Starts `call`; it runs on this rank's progress thread, in issue order.
     thread_request submit(const collective_call& call) {
         detail::op_record* r = state_->engine.acquire(call);
+        r->span.begin(rank(), call, size(), -1, algorithm_of(call));
         if (call.op == operation::send) {
             if (!call.location.is_host()) {
                 state_->engine.release(r);
@@ -155,9 +168,24 @@ public:
 
     /// Used by thread_world; users get communicators from thread_world::run.
     thread_communicator(std::shared_ptr<detail::thread_group> group, int rank, comm_options o)
-        : state_(std::make_unique<detail::thread_rank_state>(std::move(group), rank, o)) {}
+        : state_(std::make_unique<detail::thread_rank_state>(std::move(group), rank, o)) {
+        log(log_level::info, rank, [&] {
+            return "thread_communicator made: rank " + std::to_string(rank) + " of " +
+                   std::to_string(size()) + ", all-reduce algorithm rank_ordered, timeout " +
+                   std::to_string(o.timeout.count()) + " ms" +
+                   (o.deterministic ? ", deterministic" : "");
+        });
+    }
 
 private:
+    /// The timeline's algorithm field: rank_ordered for the reductions, else none.
+    static std::string_view algorithm_of(const collective_call& call) noexcept {
+        return call.op == operation::all_reduce || call.op == operation::reduce_scatter ||
+                       call.op == operation::reduce
+                   ? to_string(algorithm::rank_ordered)
+                   : std::string_view();
+    }
+
     std::unique_ptr<detail::thread_rank_state> state_;
 };
 

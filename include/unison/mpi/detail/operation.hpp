@@ -16,6 +16,7 @@
 /// and step lists per call).
 
 #include "unison/comm/collective.hpp"
+#include "unison/comm/detail/trace.hpp"
 #include "unison/comm/detail/validate.hpp"
 #include "unison/comm/options.hpp"
 #include "unison/core/detail/clock.hpp"
@@ -281,6 +282,7 @@ public:
     mpi_operation(const mpi_operation&) = delete;
     mpi_operation& operator=(const mpi_operation&) = delete;
     ~mpi_operation() {
+        span_.end("destroyed");
         state_.deactivate(this);
         state_.give_scratch(std::move(scratch_));
         state_.give_scratch(std::move(stage_));
@@ -340,6 +342,7 @@ public:
     /// collective still running (MPI cannot cancel one).
     bool abandon() noexcept {
         done_ = true;
+        span_.end("abandoned");
         if (phase_ == phase::handshake) {
             return true;
         }
@@ -380,6 +383,7 @@ public:
     void cancel_handshake() noexcept {
         handshake_.cancel();
         done_ = true;
+        span_.end("cancelled");
     }
 
     /// Starts the call: a collective with its handshake (which completes small
@@ -493,6 +497,7 @@ private:
     /// Posts the call itself (after the handshake, for a collective).
     void post_call() {
         phase_ = phase::posted;
+        span_.started(); // the handshake found every peer: data moves from here
         const collective_call& c = call_;
         const MPI_Datatype t = mpi_datatype(c.type);
         const int n = state_.size;
@@ -634,6 +639,8 @@ public:
         return done_;
     }
     bool done() const noexcept { return done_; }
+    /// The call on the timeline (begun by the communicator, ended here).
+    collective_span& span() noexcept { return span_; }
 
     /// One step of this call, as part of the engine's pass; an error ends the call
     /// and is kept for its own wait.
@@ -649,6 +656,7 @@ public:
             }
             done_ = true;
             error_ = std::current_exception();
+            span_.end("error");
         }
     }
 
@@ -736,6 +744,7 @@ private:
 
     void finish() {
         done_ = true;
+        span_.end();
         const std::size_t es = size_of(call_.type);
         if (copy_back_ && call_.count != 0) {
             std::memcpy(call_.recv, scratch_.data(), call_.count * es);
@@ -766,6 +775,7 @@ private:
     MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int active_ = 0;
     bool done_ = false;
+    collective_span span_;
     bool divide_ = false;
     bool copy_back_ = false;
     std::optional<mpi_ring_allreduce> ring_;       ///< all-reduces and all_gathers by the ring

@@ -57,6 +57,8 @@ struct unit_context {
 template <class C>
 typename C::request_type submit_tagged(C& comm, collective_call call, int tag) {
     call.tag = tag;
+    log(log_level::debug, comm.rank(),
+        [&] { return unison::detail::describe_call(call, comm.size(), false); });
     return comm.submit(call);
 }
 

@@ -6,6 +6,7 @@
 /// Records are pooled: a steady stream of requests allocates nothing.
 
 #include "unison/comm/collective.hpp"
+#include "unison/comm/detail/trace.hpp"
 #include "unison/thread/detail/phase_barrier.hpp"
 
 #include <atomic>
@@ -28,6 +29,7 @@ struct op_record {
     std::atomic<bool> done{false};
     std::exception_ptr error;
     progress_engine* engine = nullptr;
+    collective_span span; ///< the call on the timeline
 };
 
 class progress_engine {
@@ -68,6 +70,7 @@ public:
     }
 
     void release(op_record* r) {
+        r->span.end("released");
         std::lock_guard lock(mutex_);
         free_.push_back(r);
     }
@@ -90,6 +93,7 @@ public:
     /// soon as it returns, and wait() takes the lock before returning, so the
     /// notification is over by then.
     void complete(op_record* r, std::exception_ptr error) {
+        r->span.end(error ? "error" : nullptr);
         r->error = std::move(error);
         std::lock_guard lock(mutex_);
         r->done.store(true, std::memory_order_release);
@@ -134,10 +138,12 @@ private:
             }
             std::exception_ptr error;
             try {
+                r->span.started();
                 run_(r->call);
             } catch (...) {
                 error = std::current_exception();
             }
+            r->span.end(error ? "error" : nullptr);
             r->error = std::move(error);
             std::lock_guard lock(mutex_);
             r->done.store(true, std::memory_order_release);
