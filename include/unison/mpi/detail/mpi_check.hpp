@@ -103,8 +103,17 @@ inline MPI_Datatype mpi_datatype(dtype t) noexcept {
     return MPI_BYTE;
 }
 
-inline bool mpi_native_reduction(dtype t) noexcept {
-    return t != dtype::f16 && t != dtype::bf16;
+/// Whether MPI's predefined op reduces `t` with `op` as unison does. Not for the
+/// 16-bit floats, which MPI does not know, nor for min and max over the unsigned
+/// 32- and 64-bit integers: MPICH 4.0 (Debian 12's) compares MPI_UINT32_T and
+/// MPI_UINT64_T as signed, so that min(3e9, 5) is 3e9 (sum and prod wrap alike
+/// either way and stay MPI's).
+inline bool mpi_native_reduction(dtype t, reduce_op op) noexcept {
+    if (t == dtype::f16 || t == dtype::bf16) {
+        return false;
+    }
+    const bool unsigned_wide = t == dtype::u32 || t == dtype::u64;
+    return !(unsigned_wide && (op == reduce_op::min || op == reduce_op::max));
 }
 
 template <dtype T, reduce_op Op>
@@ -114,17 +123,20 @@ void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
     host_reduce(T, Op, inputs, 2, outputs, 1, static_cast<std::size_t>(*len));
 }
 
-/// MPI_Op handles for sum/prod/min/max over f16 and bf16, created with the
-/// communicator and freed with it.
-class mpi_half_ops {
+/// MPI_Op handles for what MPI's predefined ops do not reduce as unison does
+/// (mpi_native_reduction): sum/prod/min/max over f16 and bf16, min/max over u32
+/// and u64; created with the communicator and freed with it.
+class mpi_user_ops {
 public:
-    mpi_half_ops() {
+    mpi_user_ops() {
         create<dtype::f16>(0);
         create<dtype::bf16>(4);
+        create<dtype::u32>(8);
+        create<dtype::u64>(12);
     }
-    mpi_half_ops(const mpi_half_ops&) = delete;
-    mpi_half_ops& operator=(const mpi_half_ops&) = delete;
-    ~mpi_half_ops() {
+    mpi_user_ops(const mpi_user_ops&) = delete;
+    mpi_user_ops& operator=(const mpi_user_ops&) = delete;
+    ~mpi_user_ops() {
         int finalized = 0;
         MPI_Finalized(&finalized);
         if (!finalized) {
@@ -138,7 +150,7 @@ public:
 
     /// The op for `t` and `op` (avg reduces as sum; the caller divides).
     MPI_Op get(dtype t, reduce_op op) const noexcept {
-        const int base = t == dtype::f16 ? 0 : 4;
+        const int base = t == dtype::f16 ? 0 : t == dtype::bf16 ? 4 : t == dtype::u32 ? 8 : 12;
         switch (op) {
         case reduce_op::sum:
         case reduce_op::avg:
@@ -162,8 +174,9 @@ private:
         MPI_Op_create(&mpi_user_reduce<T, reduce_op::max>, 1, &ops_[base + 3]);
     }
 
-    MPI_Op ops_[8] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
-                      MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+    MPI_Op ops_[16] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
+                       MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
+                       MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
 };
 
 /// The predefined MPI_Op for `op` (avg reduces as sum; the caller divides).

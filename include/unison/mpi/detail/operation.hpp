@@ -162,7 +162,7 @@ public:
     bool oversubscribed = false;
     comm_options options;
     algorithm forced; ///< the all-reduce algorithm options force (mpi_forced_algorithm)
-    mpi_half_ops half_ops;
+    mpi_user_ops user_ops;
     std::uint64_t sequence = 0;
     std::uint64_t p2p_sequence = 0;
     std::string poisoned;
@@ -718,8 +718,9 @@ private:
     static int int_count(std::size_t n) noexcept { return static_cast<int>(n); }
 
     MPI_Op reduction() const noexcept {
-        return mpi_native_reduction(call_.type) ? mpi_native_op(call_.reduction)
-                                                : state_.half_ops.get(call_.type, call_.reduction);
+        return mpi_native_reduction(call_.type, call_.reduction)
+                   ? mpi_native_op(call_.reduction)
+                   : state_.user_ops.get(call_.type, call_.reduction);
     }
 
     MPI_Request* next_request() noexcept { return &requests_[active_]; }
