@@ -8,6 +8,8 @@
 /// `bytes_per_second` counts the bytes hashed (memcpy's: the bytes copied, so a
 /// hash at memory speed reads about twice memcpy's figure).
 
+#include "gbench_main.hpp"
+
 #include <unison/checkpoint/metadata.hpp>
 
 #include <benchmark/benchmark.h>
@@ -65,4 +67,6 @@ BENCHMARK(fnv1a64_v1)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 BENCHMARK(xxh3_64_v2)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 BENCHMARK(copy)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+    return unison::bench::gbench_main(argc, argv, "unison-checksum-gbench");
+}

@@ -19,6 +19,7 @@
 #include "collective_call.hpp"
 #include "collective_shape.hpp"
 #include "data_pattern.hpp"
+#include "gbench_main.hpp"
 
 #include <unison/comm.hpp>
 #include <unison/core.hpp>
@@ -328,7 +329,7 @@ int run_benchmarks(int argc, char** argv, bool keep_output, benchmark::Benchmark
     int n = static_cast<int>(args.size()) - 1;
     benchmark::Initialize(&n, args.data());
     if (benchmark::ReportUnrecognizedArguments(n, args.data())) {
-        return 1;
+        return 2;
     }
     benchmark::RunSpecifiedBenchmarks(display);
     benchmark::Shutdown();
@@ -340,6 +341,9 @@ int run_benchmarks(int argc, char** argv, bool keep_output, benchmark::Benchmark
 
 int main(int argc, char** argv) {
     using namespace unison::bench;
+    if (version_asked(argc, argv, "unison-gbench")) {
+        return 0;
+    }
 #if UNISON_HAS_MPI()
     // Under mpiexec with two or more processes, the MPI backend is benchmarked
     // (the thread backend's ranks would compete with every process for the cores);

@@ -11,6 +11,8 @@
 /// destination written (and read, when accumulating). Arrays are 16 Mi elements,
 /// past every cache of the machines this runs on.
 
+#include "gbench_main.hpp"
+
 #include <unison/core.hpp>
 #include <unison/core/detail/convert.hpp>
 
@@ -84,4 +86,6 @@ BENCHMARK(half_to_float_accumulate)->Unit(benchmark::kMillisecond);
 
 } // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+    return unison::bench::gbench_main(argc, argv, "unison-convert-gbench");
+}

@@ -43,6 +43,8 @@
 ///                    buffer, timed in the same iteration, interleaved.
 ///   overhead_us      us_per_call - raw_us_per_call.
 
+#include "gbench_main.hpp"
+
 #include <unison/core.hpp>
 #include <unison/cuda/device_buffer.hpp>
 #include <unison/cuda/stream.hpp>
@@ -858,7 +860,7 @@ int run(std::vector<char*> args) {
     int n = static_cast<int>(args.size()) - 1;
     benchmark::Initialize(&n, args.data());
     if (benchmark::ReportUnrecognizedArguments(n, args.data())) {
-        return 1;
+        return 2;
     }
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
@@ -874,6 +876,9 @@ int run(std::vector<char*> args) {
 } // namespace unison::bench
 
 int main(int argc, char** argv) {
+    if (unison::bench::version_asked(argc, argv, "unison-kernels-gbench")) {
+        return 0;
+    }
     try {
         return unison::bench::run(std::vector<char*>(argv, argv + argc));
     } catch (const std::exception& e) {

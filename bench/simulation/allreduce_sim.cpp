@@ -29,6 +29,8 @@
 // all_gather, which posts MPI_Iallgather after the check), and `us` for the row
 // algorithm "mpi" is the MPI call's time.
 
+#include "../bench_config.hpp"
+
 #include <unison/comm/collectives.hpp>
 #include <unison/mpi/mpi_communicator.hpp>
 #include <unison/mpi/tuning.hpp>
@@ -64,32 +66,13 @@ struct options {
     bool check = true;
 };
 
+/// A size as unison-bench (and nccl-tests) read one: "64K", "1.5M", "8".
 std::size_t parse_bytes(const char* s) {
-    char* end = nullptr;
-    const double v = std::strtod(s, &end);
-    double scale = 1;
-    if (end != nullptr && *end != '\0') {
-        switch (*end) {
-        case 'K':
-        case 'k':
-            scale = 1024.0;
-            break;
-        case 'M':
-        case 'm':
-            scale = 1024.0 * 1024.0;
-            break;
-        case 'G':
-        case 'g':
-            scale = 1024.0 * 1024.0 * 1024.0;
-            break;
-        default:
-            throw std::invalid_argument(std::string("bad size '") + s + "'");
-        }
-    }
-    if (end == s || v < 0) {
+    const auto bytes = unison::bench::detail::parse_bytes(s);
+    if (!bytes) {
         throw std::invalid_argument(std::string("bad size '") + s + "'");
     }
-    return static_cast<std::size_t>(v * scale);
+    return *bytes;
 }
 
 /// -a's list (comm/algorithm.hpp's syntax), or "none": MPI's rows alone.
