@@ -75,9 +75,9 @@ using bench_clock = std::chrono::steady_clock;
 
 /// What the driver needs besides the collective: a barrier, completion of
 /// outstanding work, and the max and sum of one value over the ranks.
-/// With -I, it also marks the start of every timed call and, once they are done,
-/// gives each one's time (mark_iterations), and reduces whole lists element by
-/// element.
+/// With -I, it also marks the start of every timed call and the end of the last
+/// (mark_iteration) and, once they are done, gives each one's time
+/// (iteration_seconds); and it reduces whole lists element by element.
 template <class C>
 concept rank_control = requires(C& c, double d, std::uint64_t u, std::vector<double>& v, int n) {
     c.barrier();
@@ -102,7 +102,6 @@ public:
     }
     void mark_iteration() { marks_.push_back(bench_clock::now()); }
     std::vector<double> iteration_seconds() {
-        mark_iteration(); // the end of the last call
         std::vector<double> t;
         for (std::size_t i = 1; i < marks_.size(); ++i) {
             t.push_back(std::chrono::duration<double>(marks_[i] - marks_[i - 1]).count());
@@ -451,6 +450,9 @@ private:
                 ctl_.mark_iteration();
             }
             call(send + off, recv + off, s, in_place);
+        }
+        if (per_iter) {
+            ctl_.mark_iteration(); // the end of the last call
         }
         const std::chrono::duration<double> issued = bench_clock::now() - start;
         ctl_.finish();
@@ -1128,9 +1130,8 @@ public:
         UNISON_CHECK_CUDA(cudaEventRecord(events_[marked_++], stream_), rank_, "unison-bench");
     }
     /// After finish(): each call's time, from its start event to the next one's (the
-    /// last to an event recorded behind it).
+    /// last to the event recorded behind it, as nccl-tests does).
     std::vector<double> iteration_seconds() {
-        mark_iteration();
         UNISON_CHECK_CUDA(cudaEventSynchronize(events_[marked_ - 1]), rank_, "unison-bench");
         std::vector<double> t;
         for (std::size_t i = 1; i < marked_; ++i) {

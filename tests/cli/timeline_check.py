@@ -119,6 +119,10 @@ def _():
             assert len(ready) == 3
             started = [e for e in events if e["ph"] == "n" and e["name"] == "started"]
             assert len(started) >= 3, len(started)
+            # every collective of the thread backend says when its peers arrived
+            arrived = {e["id"] for e in events if e["ph"] == "n" and e["name"] == "peers arrived"}
+            begun = {e["id"] for e in events if e["ph"] == "b" and e["cat"] == "collective"}
+            assert arrived == begun, (len(arrived), len(begun))
 
 
 @check("ZeRO-3 on 2 thread ranks: unit gathers and reductions, the optimizer step")
@@ -198,6 +202,8 @@ if MPIEXEC:
                 algs = {x["args"].get("algorithm") for x in spans(events)
                         if x["cat"] == "collective" and x["name"].startswith("all_reduce")}
                 assert algs and None not in algs, algs
+                arrived = [e for e in events if e["ph"] == "n" and e["name"] == "peers arrived"]
+                assert arrived, "no 'peers arrived' on MPI"
 
 if FAILED:
     print(f"{len(FAILED)} check(s) failed: {FAILED}")

@@ -11,7 +11,9 @@
 /// rank, so a merged trace has one process per rank):
 ///   - every collective: an async span (ph "b"/"e", cat "collective") from the call
 ///     to its completion, named "all_reduce 4 MiB", with the bytes, count, dtype,
-///     reduction, tag, step and, where the backend chooses one, the algorithm;
+///     reduction, tag, step and, where the backend chooses one, the algorithm, and
+///     the moments it started and its peers arrived (ph "n") where the backend
+///     can tell;
 ///   - DDP: each bucket's reduction as a span (cat "ddp") from its launch to its
 ///     unpacking, and an instant when it became ready;
 ///   - sharding (FSDP, ZeRO): each unit's gather and gradient reduction as spans

@@ -105,7 +105,7 @@ public:
         detail::collective_span span;
         span.begin(rank(), call, size(), -1, algorithm_of(call));
         try {
-            state_->run(call);
+            state_->run(call, &span);
         } catch (...) {
             span.end("error");
             throw;

@@ -66,10 +66,15 @@ public:
                         std::move(args));
     }
 
-    /// The call starts moving data (its turn came on the backend's progress thread).
-    void started() {
+    /// The call started on this rank (its turn came on the backend's progress
+    /// thread).
+    void started() { step("started"); }
+
+    /// A moment of the call: "peers arrived" when every rank of it has (the wait
+    /// for the others ends there).
+    void step(const char* what) {
         if (id_ != 0) {
-            timeline::step(rank_, timeline::lane::collectives, "collective", "started", id_);
+            timeline::step(rank_, timeline::lane::collectives, "collective", what, id_);
         }
     }
 

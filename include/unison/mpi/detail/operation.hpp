@@ -497,7 +497,7 @@ private:
     /// Posts the call itself (after the handshake, for a collective).
     void post_call() {
         phase_ = phase::posted;
-        span_.started(); // the handshake found every peer: data moves from here
+        span_.step("peers arrived"); // the handshake found every peer: data moves now
         const collective_call& c = call_;
         const MPI_Datatype t = mpi_datatype(c.type);
         const int n = state_.size;

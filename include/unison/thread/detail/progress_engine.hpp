@@ -34,7 +34,8 @@ struct op_record {
 
 class progress_engine {
 public:
-    using executor = std::function<void(const collective_call&)>;
+    /// Runs a call, marking its span on the timeline as it goes.
+    using executor = std::function<void(const collective_call&, collective_span*)>;
 
     explicit progress_engine(executor run) : run_(std::move(run)) {}
     progress_engine(const progress_engine&) = delete;
@@ -139,7 +140,7 @@ private:
             std::exception_ptr error;
             try {
                 r->span.started();
-                run_(r->call);
+                run_(r->call, &r->span);
             } catch (...) {
                 error = std::current_exception();
             }

@@ -12,6 +12,7 @@
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/detail/matching.hpp"
+#include "unison/comm/detail/trace.hpp"
 #include "unison/comm/options.hpp"
 #include "unison/core/detail/clock.hpp"
 #include "unison/core/error.hpp"
@@ -41,16 +42,18 @@ class thread_rank_state {
 public:
     thread_rank_state(std::shared_ptr<thread_group> g, int r, comm_options o)
         : group(std::move(g)), rank(r), options(o), p2p(*group, r, o.timeout),
-          engine([this](const collective_call& c) { run(c); }), host(group->size) {}
+          engine([this](const collective_call& c, collective_span* s) { run(c, s); }),
+          host(group->size) {}
 
-    /// Runs `call` to completion on the calling thread.
-    void run(const collective_call& call) {
+    /// Runs `call` to completion on the calling thread; `span`, its span on the
+    /// timeline, is marked when every peer has arrived.
+    void run(const collective_call& call, collective_span* span = nullptr) {
         if (call.op == operation::send || call.op == operation::recv) {
             check_host(call);
             return call.op == operation::send ? p2p.send(engine, call) : p2p.recv(call);
         }
         if (call.location.is_cuda() && call.op != operation::barrier) {
-            return run_device(call);
+            return run_device(call, span);
         }
         check_host(call);
         const std::uint64_t seq = sequence++;
@@ -58,6 +61,9 @@ public:
         mine.call = call;
         mine.signature = signature_of(call);
         arrive(call.op, seq);
+        if (span != nullptr) {
+            span->step("peers arrived");
+        }
         check_matching(call.op, seq);
         if (call.op == operation::barrier) {
             return;
@@ -69,7 +75,7 @@ public:
 
     /// `call` on device memory, through the attached device mover (see
     /// device_mover.hpp for the protocol).
-    void run_device(const collective_call& call) {
+    void run_device(const collective_call& call, collective_span* span = nullptr) {
         if (!mover) {
             throw argument_error(rank, to_string(call.op),
                                  "the data is on " + to_string(call.location) +
@@ -89,6 +95,9 @@ public:
         mine.signature = signature_of(call);
         mine.ready_event = mover->record_ready();
         arrive(call.op, seq);
+        if (span != nullptr) {
+            span->step("peers arrived");
+        }
         check_matching(call.op, seq);
         check_locations(call.op, seq);
         const int n = group->size;
