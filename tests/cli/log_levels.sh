@@ -51,7 +51,10 @@ UNISON_LOG=verbose trains "$ddp" -t 2 && fail "UNISON_LOG=verbose accepted"
 has "UNISON_LOG.*'verbose' is not a log level: off, warn, info or debug"
 
 if [[ -n $mpiexec ]]; then
-    UNISON_LOG=debug trains bash "$mpiexec" -n 2 "$ddp" || fail "ddp_mlp under mpiexec failed"
+    # Under mpiexec a process that exits non-zero gets the others killed, maybe before
+    # they print: enough steps for the loss to halve, and the status checked.
+    UNISON_LOG=debug timeout 120 bash "$mpiexec" -n 2 "$ddp" --steps 20 >"$out" 2>"$err" ||
+        fail "ddp_mlp under mpiexec failed: $(tail -3 "$out")"
     has '^unison\[rank 1\] info: mpi_communicator made: rank 1 of 2, [0-9]+ ranks per node'
     has '^unison\[rank 0\] debug: all_reduce #[0-9]+ runs [a-z_]+$'
 fi
