@@ -29,7 +29,7 @@
 namespace unison::bench {
 
 /// Which communicator the collectives run on.
-enum class backend_kind : std::uint8_t { thread, mpi, nccl };
+enum class backend_kind : std::uint8_t { thread, mpi, nccl, gloo };
 
 constexpr std::string_view to_string(backend_kind b) noexcept {
     switch (b) {
@@ -39,6 +39,8 @@ constexpr std::string_view to_string(backend_kind b) noexcept {
         return "mpi";
     case backend_kind::nccl:
         return "nccl";
+    case backend_kind::gloo:
+        return "gloo";
     }
     return "?";
 }
@@ -243,8 +245,9 @@ Defaults are nccl-tests 2.19's, so that its command lines give the same rows.
                              1: end every row with the time it was measured [0]
       --collective <name>    all_reduce, all_gather, reduce_scatter, broadcast
                              [all_reduce, or the one the program name says]
-  -B, --backend <name>       thread, mpi, nccl [thread; mpi when started by an MPI
-                             launcher with more than one process]
+  -B, --backend <name>       thread, mpi, nccl, gloo [thread; mpi when started by an
+                             MPI launcher with more than one process, gloo by
+                             torchrun (where built with it)]
   -a, --average <0-3>        time over the ranks: 0 rank 0's, 1 the mean, 2 the
                              least, 3 the most (nccl-tests' -a) [1]
   -C, --report_cputime <0/1> 1: the time column is rank 0's CPU time to issue the
@@ -722,8 +725,10 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
                 cfg.backend = backend_kind::mpi;
             } else if (value == "nccl") {
                 cfg.backend = backend_kind::nccl;
+            } else if (value == "gloo") {
+                cfg.backend = backend_kind::gloo;
             } else {
-                throw bad("a backend (thread, mpi, nccl)");
+                throw bad("a backend (thread, mpi, nccl, gloo)");
             }
             break;
         case 't':

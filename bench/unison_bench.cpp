@@ -40,6 +40,10 @@
 #include <mpi.h>
 #endif
 
+#if UNISON_HAS_GLOO()
+#include <unison/gloo.hpp>
+#endif
+
 #if UNISON_HAS_NCCL()
 #include <unison/nccl.hpp>
 
@@ -718,6 +722,66 @@ int run_thread_backend(const bench_config& cfg) {
     return wrong == 0 ? 0 : 1;
 }
 
+/// False (after rank 0 says why) when -r names no rank of the launched processes;
+/// only known once MPI or Gloo has started, unlike the thread backend's -t check.
+bool root_in_range(const bench_config& cfg, int rank, int ranks) {
+    if (cfg.root < ranks) {
+        return true;
+    }
+    if (rank == 0) {
+        std::fprintf(stderr, "unison-bench: error: -r %d is not a rank of %d processes\n", cfg.root,
+                     ranks);
+    }
+    return false;
+}
+
+// -------------------------------------------------------------------- Gloo backend
+
+#if UNISON_HAS_GLOO()
+/// The Gloo backend under torchrun (or RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set
+/// by hand): every rank a process, timed and controlled over the communicator itself.
+int run_gloo_ranks(const bench_config& cfg) {
+    gloo_communicator comm = gloo_communicator::from_env();
+    const int rank = comm.rank();
+    const int ranks = comm.size();
+    if (!root_in_range(cfg, rank, ranks)) {
+        return 2;
+    }
+    // Every rank's line: host names from the store, process ids gathered.
+    const std::int64_t pid = getpid();
+    std::vector<std::int64_t> pids(static_cast<std::size_t>(ranks));
+    unison::all_gather(comm, std::span(&pid, 1), std::span(pids));
+    std::vector<rank_device> lines;
+    for (int r = 0; r < ranks; ++r) {
+        const std::string& host = comm.store()->hosts()[static_cast<std::size_t>(r)];
+        lines.push_back({r,
+                         static_cast<int>(pids[static_cast<std::size_t>(r)]),
+                         host.substr(0, host.find('.')),
+                         std::nullopt,
+                         {},
+                         "Gloo process"});
+    }
+    run_info info = make_run_info(cfg, ranks, 1, 0, std::move(lines));
+    if (cfg.collective == collective_kind::all_reduce) {
+        info.algorithm_at = [](std::size_t) {
+            return std::string(to_string(gloo_all_reduce_algorithm(algorithm::automatic, 0, "")));
+        };
+    }
+    const std::unique_ptr<reporter> out = rank == 0 ? make_reporter(cfg, info) : nullptr;
+    if (out) {
+        out->begin(info);
+    }
+    unison_control<gloo_communicator> ctl{comm};
+    auto make_call = [&](const bench_config& k) {
+        return unison_call<gloo_communicator>{comm, k.collective, k.type, k.op, k.root};
+    };
+    host_buffers mem(cfg.max_bytes + unalign_padding(cfg));
+    const std::uint64_t wrong =
+        run_rank(cfg, ctl, mem, make_call, no_raw_mpi, rank, ranks, out.get());
+    return wrong == 0 ? 0 : 1;
+}
+#endif
+
 // --------------------------------------------------------------------- MPI backend
 
 #if UNISON_HAS_MPI()
@@ -922,19 +986,6 @@ std::string_view raw_mpi_name(collective_kind c) {
         return "MPI_Bcast";
     }
     return "?";
-}
-
-/// False (after rank 0 says why) when -r names no rank of the launched processes;
-/// only known once MPI has started, unlike the thread backend's -t check.
-bool root_in_range(const bench_config& cfg, int rank, int ranks) {
-    if (cfg.root < ranks) {
-        return true;
-    }
-    if (rank == 0) {
-        std::fprintf(stderr, "unison-bench: error: -r %d is not a rank of %d processes\n", cfg.root,
-                     ranks);
-    }
-    return false;
 }
 
 int run_mpi_once(const bench_config& cfg, mpi_communicator& comm, const run_info& info,
@@ -1229,7 +1280,10 @@ int main(int argc, char** argv) {
         cfg.devices_per_thread == 1) {
         try {
             const unison::launch_info launch = unison::detect_launch();
-            if (launch.size > 1 && launch.launcher != "none" && launch.launcher != "torchrun") {
+            if (UNISON_HAS_GLOO() && launch.size > 1 && launch.launcher == "torchrun") {
+                cfg.backend = backend_kind::gloo; // CPU processes without MPI
+            } else if (launch.size > 1 && launch.launcher != "none" &&
+                       launch.launcher != "torchrun") {
                 cfg.backend = backend_kind::mpi;
                 if (cfg.devices_given) {
                     cfg.neutral.push_back("-g 1");
@@ -1285,6 +1339,16 @@ int main(int argc, char** argv) {
             if (launch_rank() == 0) {
                 std::fprintf(stderr, "unison-bench: error: this build has no MPI backend "
                                      "(configure with MPI found, so that unison::mpi exists)\n");
+            }
+            return 2;
+#endif
+        case backend_kind::gloo:
+#if UNISON_HAS_GLOO()
+            return run_gloo_ranks(cfg);
+#else
+            if (launch_rank() == 0) {
+                std::fprintf(stderr, "unison-bench: error: this build has no Gloo backend "
+                                     "(configure with Gloo found, so that unison::gloo exists)\n");
             }
             return 2;
 #endif

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(cmake g++ make git pkg-config clang-format
           openmpi-bin libopenmpi-dev
           mpich libmpich-dev # the MPI backend under MPICH too (Open MPI stays the default)
+          libgloo-dev # the Gloo backend (CPU jobs without MPI)
           doctest-dev libbenchmark-dev libeigen3-dev libxxhash-dev
           libtorch-dev python3-torch python3-matplotlib # bench/plot_busbw.py
           libopenblas0-pthread # LibTorch's matrix products: ~20x the reference BLAS

@@ -6,6 +6,8 @@
 //
 //   ./ddp_mlp -t 4                     four ranks as threads of this process
 //   mpirun -n 2 ./ddp_mlp              two MPI processes (when built with unison::mpi)
+//   torchrun --nproc_per_node=2 --no_python ./ddp_mlp
+//                                      two processes over Gloo (built with unison::gloo)
 //
 // Every rank builds the same model (ddp.start() broadcasts rank 0's parameters
 // anyway), takes its shard of each global batch of a synthetic classification set,
@@ -33,6 +35,7 @@ namespace {
 
 struct settings {
     int threads = 4;
+    std::string backend = "auto";
     int steps = 100;
     std::size_t batch = 512; // global batch, split evenly over the ranks
     float lr = 1e-3f;
@@ -131,7 +134,10 @@ int main(int argc, char** argv) {
     constexpr int most = 1 << 30;
     cli::parser cli("ddp_mlp", "Data-parallel training of a small MLP with unison::ddp.",
                     unison::version_string);
-    cli.value("-t", "threads", s.threads, 1, 1024, "ranks as threads, outside an MPI launcher")
+    cli.value("-t", "threads", s.threads, 1, 1024, "ranks as threads, outside a launcher")
+        .text("--backend", "NAME", s.backend,
+              "auto (MPI under mpirun or srun, Gloo under torchrun, else threads), threads, "
+              "mpi or gloo")
         .value("--steps", "N", s.steps, 1, most, "optimizer steps")
         .value("--batch", "N", s.batch, std::size_t{1}, std::size_t{1} << 30,
                "global batch, split evenly over the ranks")
@@ -142,8 +148,27 @@ int main(int argc, char** argv) {
     }
     try { // a malformed UNISON_* or launcher variable, a timeout: said in words
         const unison::launch_info launch = unison::detect_launch();
+        // auto: MPI under an MPI launcher, Gloo (where built with it) under torchrun
+        // without one, threads outside any launcher.
+        std::string backend = s.backend;
+        if (backend == "auto") {
+            backend = launch.launcher == "none"                            ? "threads"
+                      : launch.launcher == "torchrun" && UNISON_HAS_GLOO() ? "gloo"
+                                                                           : "mpi";
+        }
+        if (backend != "threads" && backend != "mpi" && backend != "gloo") {
+            std::fprintf(stderr, "%s: --backend '%s' is none of auto, threads, mpi, gloo\n",
+                         "ddp_mlp", backend.c_str());
+            return 2;
+        }
+#if UNISON_HAS_GLOO()
+        if (backend == "gloo") { // the ranks meet at MASTER_ADDR:MASTER_PORT
+            unison::gloo_communicator comm = unison::gloo_communicator::from_env();
+            return train(comm, s);
+        }
+#endif
 #if UNISON_HAS_MPI()
-        if (launch.launcher != "none") { // started by mpirun, srun or torchrun
+        if (backend == "mpi") { // started by mpirun or srun
             std::optional<unison::mpi_environment> env;
             try {
                 env.emplace(argc, argv); // checks that the launcher and MPI agree on the job
@@ -155,8 +180,14 @@ int main(int argc, char** argv) {
             return train(comm, s);
         }
 #endif
+        if (backend != "threads") {
+            std::fprintf(stderr, "ddp_mlp: built without the %s backend\n", backend.c_str());
+            return 2;
+        }
         if (launch.size > 1) {
-            std::fprintf(stderr, "ddp_mlp: launched as %d ranks but built without MPI\n",
+            std::fprintf(stderr,
+                         "ddp_mlp: launched as %d ranks, but the threads backend runs "
+                         "in one process (-t)\n",
                          launch.size);
             return 2;
         }

@@ -7,6 +7,7 @@
 //   ./zero_adamw -t 2 --steps 200 --resume ckpt          resume on 2 ranks, train on
 //   mpirun -n 4 ./zero_adamw --steps 100 --save ckpt     the same under MPI
 //   mpirun -n 2 ./zero_adamw --steps 200 --resume ckpt
+//   torchrun --nproc_per_node=2 --no_python ./zero_adamw   over Gloo, without MPI
 //
 // The loop has the shape every strategy shares (DDP, ZeRO 1-3, FSDP; only the policy
 // changes): forward (each layer's hooks enter and leave its unit: gather, release),
@@ -35,6 +36,7 @@ namespace {
 
 struct settings {
     int threads = 4;
+    std::string backend = "auto";
     int steps = 100;
     std::size_t batch = 480; // global batch, split evenly over the ranks (1-6, 8, 10, 12...)
     double lr = 1e-3;
@@ -158,7 +160,10 @@ int main(int argc, char** argv) {
     constexpr int most = 1 << 30;
     cli::parser cli("zero_adamw", "ZeRO-3 training of an MLP with AdamW; saves and resumes.",
                     unison::version_string);
-    cli.value("-t", "threads", s.threads, 1, 1024, "ranks as threads, outside an MPI launcher")
+    cli.value("-t", "threads", s.threads, 1, 1024, "ranks as threads, outside a launcher")
+        .text("--backend", "NAME", s.backend,
+              "auto (MPI under mpirun or srun, Gloo under torchrun, else threads), threads, "
+              "mpi or gloo")
         .value("--steps", "N", s.steps, 1, most, "optimizer steps")
         .value("--batch", "N", s.batch, std::size_t{1}, std::size_t{1} << 30,
                "global batch, split evenly over the ranks")
@@ -171,15 +176,40 @@ int main(int argc, char** argv) {
     }
     try {
         const unison::launch_info launch = unison::detect_launch();
+        // auto: MPI under an MPI launcher, Gloo (where built with it) under torchrun
+        // without one, threads outside any launcher.
+        std::string backend = s.backend;
+        if (backend == "auto") {
+            backend = launch.launcher == "none"                            ? "threads"
+                      : launch.launcher == "torchrun" && UNISON_HAS_GLOO() ? "gloo"
+                                                                           : "mpi";
+        }
+        if (backend != "threads" && backend != "mpi" && backend != "gloo") {
+            std::fprintf(stderr, "%s: --backend '%s' is none of auto, threads, mpi, gloo\n",
+                         "zero_adamw", backend.c_str());
+            return 2;
+        }
+#if UNISON_HAS_GLOO()
+        if (backend == "gloo") { // the ranks meet at MASTER_ADDR:MASTER_PORT
+            unison::gloo_communicator comm = unison::gloo_communicator::from_env();
+            return train(comm, s);
+        }
+#endif
 #if UNISON_HAS_MPI()
-        if (launch.launcher != "none") { // started by mpirun, srun or torchrun
+        if (backend == "mpi") { // started by mpirun or srun
             unison::mpi_environment env(argc, argv);
             unison::mpi_communicator comm(MPI_COMM_WORLD);
             return train(comm, s);
         }
 #endif
+        if (backend != "threads") {
+            std::fprintf(stderr, "zero_adamw: built without the %s backend\n", backend.c_str());
+            return 2;
+        }
         if (launch.size > 1) {
-            std::fprintf(stderr, "zero_adamw: launched as %d ranks but built without MPI\n",
+            std::fprintf(stderr,
+                         "zero_adamw: launched as %d ranks, but the threads backend runs "
+                         "in one process (-t)\n",
                          launch.size);
             return 2;
         }

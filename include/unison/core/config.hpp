@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// Version and feature macros. Code that needs CUDA, NCCL or MPI is guarded by the
+/// Version and feature macros. Code that needs CUDA, NCCL, MPI or Gloo is guarded by the
 /// function-style macros below, so a CPU-only build never sees it:
 /// `#if UNISON_HAS_CUDA()`. The version macros come from unison/version.hpp.
 
@@ -38,6 +38,13 @@
 #define UNISON_HAS_MPI() 1
 #else
 #define UNISON_HAS_MPI() 0
+#endif
+
+/// True when the consumer linked `unison::gloo` (which defines UNISON_WITH_GLOO).
+#if defined(UNISON_WITH_GLOO)
+#define UNISON_HAS_GLOO() 1
+#else
+#define UNISON_HAS_GLOO() 0
 #endif
 
 /// Marks functions usable from both host and device code.

@@ -1,0 +1,186 @@
+// The Gloo backend's own behaviour, beyond the shared suites: the options it refuses,
+// mismatched calls caught on every rank before any data moves, a rank that does not
+// come named in the others' timeout, a rank that leaves named from its broken
+// connection, split groups of other sizes, and the store's keys kept apart.
+
+#include "../support/backends.hpp"
+#include "../support/reference.hpp"
+
+#include <unison/gloo.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using unison::test::backend::gloo_world;
+
+namespace {
+
+unison::comm_options timeout_of(std::chrono::milliseconds t) {
+    unison::comm_options o;
+    o.timeout = t;
+    return o;
+}
+
+bool has(const std::string& s, const std::string& part) {
+    return s.find(part) != std::string::npos;
+}
+
+} // namespace
+
+TEST_CASE("gloo: options it cannot honour are refused when the communicator is made") {
+    CHECK_THROWS_WITH_AS(unison::gloo_check_options(
+                             [] {
+                                 unison::comm_options o;
+                                 o.deterministic = true;
+                                 return o;
+                             }(),
+                             0, "gloo_communicator"),
+                         doctest::Contains("rank-order sums"), unison::argument_error);
+    unison::comm_options o;
+    o.all_reduce_algorithm = unison::algorithm::rabenseifner;
+    CHECK_THROWS_WITH_AS(unison::gloo_check_options(o, 0, "gloo_communicator"),
+                         doctest::Contains("forces rabenseifner"), unison::argument_error);
+    for (auto a :
+         {unison::algorithm::automatic, unison::algorithm::native, unison::algorithm::ring}) {
+        CHECK(unison::gloo_all_reduce_algorithm(a, 0, "x") == unison::algorithm::native);
+    }
+    // and through the constructor, on every rank, before anything connects
+    std::atomic<int> refused{0};
+    o.all_reduce_algorithm = unison::algorithm::two_level;
+    unison::tcp_store_server server(0, 2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+        ranks.emplace_back([&, r] {
+            unison::store_options so;
+            so.port = server.port();
+            so.rank = r;
+            so.world_size = 2;
+            so.host_server = false;
+            so.timeout = 20s;
+            try {
+                unison::gloo_communicator comm(std::make_shared<unison::tcp_store>(so), o);
+            } catch (const unison::argument_error& e) {
+                refused += has(e.what(), "two_level") ? 1 : 0;
+            }
+        });
+    }
+    for (auto& t : ranks) {
+        t.join();
+    }
+    CHECK(refused == 2);
+}
+
+TEST_CASE("gloo: a mismatched call is a mismatch_error on every rank, with nothing written") {
+    std::atomic<int> caught{0};
+    gloo_world(
+        3,
+        [&](unison::gloo_communicator& comm) {
+            // rank 2 reduces 11 elements where the others reduce 10
+            std::vector<float> x(comm.rank() == 2 ? 11 : 10,
+                                 1.0f + static_cast<float>(comm.rank()));
+            const std::vector<float> before = x;
+            try {
+                unison::all_reduce(comm, std::span(x));
+            } catch (const unison::mismatch_error& e) {
+                CHECK(e.field() == "count");
+                CHECK(e.other_rank() == 2);
+                CHECK(has(e.what(), "all_reduce #0"));
+                CHECK(x == before);
+                ++caught;
+            }
+            // still usable: the next call, alike on every rank, works
+            std::vector<double> y(1000);
+            for (std::size_t i = 0; i < y.size(); ++i) {
+                y[i] = static_cast<double>(i) * (comm.rank() + 1);
+            }
+            unison::all_reduce(comm, std::span(y));
+            CHECK(y[999] == doctest::Approx(999.0 * 6));
+        },
+        timeout_of(20s));
+    CHECK(caught == 3);
+}
+
+TEST_CASE("gloo: a rank that does not come is named in the others' timeout_error") {
+    std::atomic<int> named{0};
+    const auto start = std::chrono::steady_clock::now();
+    gloo_world(
+        3,
+        [&](unison::gloo_communicator& comm) {
+            std::vector<float> x(100, 1.0f);
+            unison::all_reduce(comm, std::span(x)); // #0: everyone
+            if (comm.rank() == 1) {
+                std::this_thread::sleep_for(1500ms); // never comes to #1
+                return;
+            }
+            try {
+                unison::all_reduce(comm, std::span(x));
+            } catch (const unison::timeout_error& e) {
+                CHECK(e.sequence() == 1);
+                CHECK(has(e.what(), "all_reduce #1"));
+                CHECK(has(e.what(), "rank 1 did not come"));
+                ++named;
+            }
+            // unusable after it, and says why
+            CHECK_THROWS_WITH(unison::all_reduce(comm, std::span(x)),
+                              doctest::Contains("unusable since all_reduce #1"));
+        },
+        timeout_of(500ms));
+    CHECK(named == 2);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+}
+
+TEST_CASE("gloo: a rank that leaves is named from its broken connection, before the timeout") {
+    std::atomic<int> named{0};
+    const auto start = std::chrono::steady_clock::now();
+    gloo_world(
+        2,
+        [&](unison::gloo_communicator& comm) {
+            std::vector<float> x(100, 1.0f);
+            unison::all_reduce(comm, std::span(x));
+            if (comm.rank() == 1) {
+                return; // its communicator, and its connections, go
+            }
+            std::this_thread::sleep_for(200ms);
+            try {
+                unison::all_reduce(comm, std::span(x));
+            } catch (const unison::peer_error& e) {
+                CHECK(e.peer() == 1);
+                CHECK(has(e.what(), "rank 1"));
+                ++named;
+            }
+        },
+        timeout_of(30s));
+    CHECK(named == 1);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+}
+
+TEST_CASE("gloo: split into groups of other sizes, each reducing on its own, twice") {
+    gloo_world(
+        4,
+        [&](unison::gloo_communicator& comm) {
+            const int r = comm.rank();
+            // {0, 2, 3} and {1}, the first ordered by descending key
+            auto sub = comm.split(r == 1 ? 1 : 0, -r);
+            CHECK(sub.size() == (r == 1 ? 1 : 3));
+            CHECK(sub.rank() == (r == 1 ? 0 : r == 3 ? 0 : r == 2 ? 1 : 2));
+            std::vector<double> x(5000, static_cast<double>(r + 1));
+            unison::all_reduce(sub, std::span(x));
+            CHECK(x[4999] == (r == 1 ? 2.0 : 1.0 + 3.0 + 4.0));
+            // a second split of the same parent gets keys of its own
+            auto pairs = comm.split(r / 2, 0);
+            std::vector<std::int64_t> g(2);
+            const std::int64_t mine = r * 10;
+            unison::all_gather(pairs, std::span(&mine, 1), std::span(g));
+            CHECK(g[0] == (r / 2) * 20);
+            CHECK(g[1] == (r / 2) * 20 + 10);
+            // and the parent still works
+            unison::barrier(comm);
+        },
+        timeout_of(20s));
+}
