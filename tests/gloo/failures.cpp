@@ -14,6 +14,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -107,32 +108,68 @@ TEST_CASE("gloo: a mismatched call is a mismatch_error on every rank, with nothi
 }
 
 TEST_CASE("gloo: a rank that does not come is named in the others' timeout_error") {
-    std::atomic<int> named{0};
-    const auto start = std::chrono::steady_clock::now();
+    // At 4 ranks the others' signatures all land before the wait: each must still be
+    // told from the one that did not come (rank 1, or rank 3 with the lower ranks).
+    for (int absent : {1, 3}) {
+        CAPTURE(absent);
+        std::atomic<int> named{0};
+        const auto start = std::chrono::steady_clock::now();
+        const std::string want = "rank " + std::to_string(absent) + " did not come";
+        gloo_world(
+            4,
+            [&](unison::gloo_communicator& comm) {
+                std::vector<float> x(100, 1.0f);
+                unison::all_reduce(comm, std::span(x)); // #0: everyone
+                if (comm.rank() == absent) {
+                    std::this_thread::sleep_for(1500ms); // never comes to #1
+                    return;
+                }
+                try {
+                    unison::all_reduce(comm, std::span(x));
+                } catch (const unison::timeout_error& e) {
+                    CHECK(e.sequence() == 1);
+                    CHECK(has(e.what(), "all_reduce #1"));
+                    CHECK_MESSAGE(has(e.what(), want), e.what());
+                    ++named;
+                }
+                // unusable after it, and says why
+                CHECK_THROWS_WITH(unison::all_reduce(comm, std::span(x)),
+                                  doctest::Contains("unusable since all_reduce #1"));
+            },
+            timeout_of(500ms));
+        CHECK(named == 3);
+        CHECK(std::chrono::steady_clock::now() - start < 10s);
+    }
+}
+
+TEST_CASE("gloo: test() on a send or recv completes it; a recv that times out ends the "
+          "communicator") {
     gloo_world(
-        3,
+        2,
         [&](unison::gloo_communicator& comm) {
-            std::vector<float> x(100, 1.0f);
-            unison::all_reduce(comm, std::span(x)); // #0: everyone
-            if (comm.rank() == 1) {
-                std::this_thread::sleep_for(1500ms); // never comes to #1
-                return;
+            const int peer = 1 - comm.rank();
+            std::vector<double> out(1000, comm.rank() + 1.0), in(1000);
+            auto r = unison::recv_async(comm, std::span(in), peer, 7);
+            auto s = unison::send_async(comm, std::span(std::as_const(out)), peer, 7);
+            std::vector<unison::gloo_request> reqs;
+            reqs.push_back(std::move(r));
+            reqs.push_back(std::move(s));
+            while (!unison::test_all(std::span(reqs))) {
             }
-            try {
-                unison::all_reduce(comm, std::span(x));
-            } catch (const unison::timeout_error& e) {
-                CHECK(e.sequence() == 1);
-                CHECK(has(e.what(), "all_reduce #1"));
-                CHECK(has(e.what(), "rank 1 did not come"));
-                ++named;
+            CHECK(in[999] == peer + 1.0);
+            unison::barrier(comm);
+            if (comm.rank() == 0) {
+                // nobody sends tag 8
+                CHECK_THROWS_WITH_AS(unison::recv(comm, std::span(in), 1, 8),
+                                     doctest::Contains("rank 1 did not send tag 8"),
+                                     unison::timeout_error);
+                CHECK_THROWS_WITH(unison::barrier(comm),
+                                  doctest::Contains("unusable since recv #2 failed"));
+            } else {
+                std::this_thread::sleep_for(1500ms); // here, silent, until rank 0 is done
             }
-            // unusable after it, and says why
-            CHECK_THROWS_WITH(unison::all_reduce(comm, std::span(x)),
-                              doctest::Contains("unusable since all_reduce #1"));
         },
         timeout_of(500ms));
-    CHECK(named == 2);
-    CHECK(std::chrono::steady_clock::now() - start < 10s);
 }
 
 TEST_CASE("gloo: a rank that leaves is named from its broken connection, before the timeout") {

@@ -150,11 +150,20 @@ public:
     /// Runs `t` on the calling thread when nothing is queued or running, so that a
     /// blocking call costs no hand-over to the worker and back; false (nothing done)
     /// otherwise, and the call must be queued behind the others.
+    /// Marks the communicator unusable, saying why (the first reason stays).
+    void mark_unusable(const std::string& why) { poison(why); }
+
     bool run_inline(gloo_task& t) {
         {
             std::lock_guard lock(mutex);
             if (!queue.empty() || busy || stopping) {
                 return false;
+            }
+            if (!poisoned.empty()) { // a call queued before this one failed meanwhile
+                finish(t, std::make_exception_ptr(
+                              error(rank, t.label,
+                                    "not run: this communicator is unusable since " + poisoned)));
+                return true;
             }
             busy = true;
         }
@@ -230,6 +239,10 @@ private:
                     t.sequence));
             }
             return std::make_exception_ptr(error(rank, t.label, "Gloo failed: " + what));
+        } catch (const std::exception& e) { // Gloo's own checks (gloo::EnforceNotMet)
+            poison(t.label + " failed");
+            return std::make_exception_ptr(
+                error(rank, t.label, std::string("Gloo failed: ") + e.what()));
         } catch (...) {
             poison(t.label + " failed");
             return std::current_exception();
@@ -257,6 +270,7 @@ public:
         if (this != &other) {
             finish_quietly();
             task_ = std::move(other.task_);
+            state_ = other.state_;
             rank_ = other.rank_;
             timeout_ = other.timeout_;
             send_ = other.send_;
@@ -285,13 +299,16 @@ public:
         }
     }
 
-    /// True once complete (a send or recv: once waited on).
+    /// True once complete. Gloo cannot tell whether a send or recv is done without
+    /// waiting (a wait that times out closes every connection), so test() on one
+    /// waits for it (bounded by the timeout, as wait() is) and then returns true.
     bool test() {
         if (!task_) {
             return true;
         }
         if (task_->p2p) {
-            return false;
+            wait();
+            return true;
         }
         std::lock_guard lock(task_->mutex);
         return task_->done;
@@ -299,9 +316,9 @@ public:
 
 private:
     friend class gloo_communicator;
-    gloo_request(std::shared_ptr<detail::gloo_task> t, int rank, std::chrono::milliseconds timeout,
-                 bool send)
-        : task_(std::move(t)), rank_(rank), timeout_(timeout), send_(send) {}
+    gloo_request(std::shared_ptr<detail::gloo_task> t, detail::gloo_state* state, int rank,
+                 std::chrono::milliseconds timeout, bool send)
+        : task_(std::move(t)), state_(state), rank_(rank), timeout_(timeout), send_(send) {}
 
     void wait_p2p(detail::gloo_task& t) {
         int peer = t.call.root;
@@ -309,10 +326,14 @@ private:
             const bool ok =
                 send_ ? t.p2p->waitSend(&peer, timeout_) : t.p2p->waitRecv(&peer, timeout_);
             t.span.end(ok ? nullptr : "aborted");
-        } catch (const ::gloo::IoException& e) {
+        } catch (const std::exception& e) { // gloo::IoException, or Gloo's own checks
             t.span.end("error");
             const std::string what = e.what();
             const std::string other = "rank " + std::to_string(t.call.root);
+            // A failed wait leaves Gloo's connections closed: nothing more can run.
+            if (state_ != nullptr) {
+                state_->mark_unusable(t.label + " failed");
+            }
             if (what.find("Timed out") != std::string::npos) {
                 throw timeout_error(rank_, t.label,
                                     other + " did not " + (send_ ? "receive" : "send") + " tag " +
@@ -320,7 +341,11 @@ private:
                                         std::to_string(timeout_.count()) + " ms",
                                     t.sequence);
             }
-            throw peer_error(rank_, t.label, "the connection to " + other + " broke: " + what,
+            throw peer_error(rank_, t.label,
+                             "the connection to " + other +
+                                 " broke (Gloo then closes every "
+                                 "connection of the communicator): " +
+                                 what,
                              t.call.root);
         }
     }
@@ -333,6 +358,7 @@ private:
     }
 
     std::shared_ptr<detail::gloo_task> task_;
+    detail::gloo_state* state_ = nullptr; ///< the communicator's, which outlives the request
     int rank_ = -1;
     std::chrono::milliseconds timeout_{0};
     bool send_ = false;
@@ -398,7 +424,7 @@ public:
         if (!state_->run_inline(*t)) {
             state_->enqueue(t);
         }
-        gloo_request(std::move(t), rank(), options().timeout, false).wait();
+        gloo_request(std::move(t), state_.get(), rank(), options().timeout, false).wait();
     }
 
     /// Starts `call`: a collective is queued for the worker thread; a send or recv is
@@ -409,10 +435,10 @@ public:
         if (t->call.op == operation::send || t->call.op == operation::recv) {
             const bool send = t->call.op == operation::send;
             post(*t);
-            return {std::move(t), s.rank, s.options.timeout, send};
+            return {std::move(t), &s, s.rank, s.options.timeout, send};
         }
         s.enqueue(t);
-        return {std::move(t), s.rank, s.options.timeout, false};
+        return {std::move(t), &s, s.rank, s.options.timeout, false};
     }
 
     /// Collective: ranks with the same `color` (>= 0) form a new communicator, ordered
@@ -499,7 +525,7 @@ private:
             } else {
                 t.p2p->recv(call.root, slot);
             }
-        } catch (const ::gloo::Exception& e) {
+        } catch (const std::exception& e) { // gloo::Exception, or Gloo's own checks
             t.span.end("error");
             throw peer_error(s.rank, t.label,
                              "Gloo could not post it to rank " + std::to_string(call.root) + ": " +

@@ -109,6 +109,9 @@ struct gloo_handshake_buffers {
         const auto slot = ::gloo::Slot::build(gloo_handshake_slot, 0);
         for (int q = 0; q < ctx_.size; ++q) {
             if (q != ctx_.rank) {
+                // Overwritten when rank q's signature lands: how arrivals are told apart
+                // (Gloo's waitRecv reports the last sender, not the one it consumes).
+                all[k][static_cast<std::size_t>(q)].op = not_arrived;
                 try {
                     in[k]->recv(q, slot, static_cast<std::size_t>(q) * sizeof(call_signature),
                                 sizeof(call_signature));
@@ -121,6 +124,9 @@ struct gloo_handshake_buffers {
             }
         }
     }
+
+    /// An operation code no call has: the entry of a rank whose signature has not come.
+    static constexpr std::uint64_t not_arrived = ~std::uint64_t{0};
 
     ::gloo::Context& ctx_;
     std::vector<call_signature> all[2]; ///< every rank's signature, by rank
@@ -162,13 +168,12 @@ inline void gloo_handshake_run(::gloo::Context& ctx, gloo_handshake_buffers& b,
     std::vector<call_signature>& all = b.all[k];
     b.mine = signature_of(call);
     all[static_cast<std::size_t>(me)] = b.mine;
-    std::vector<bool> arrived(static_cast<std::size_t>(n), false);
-    arrived[static_cast<std::size_t>(me)] = true;
     auto missing = [&] {
         std::string s;
         int first = -1, count = 0;
         for (int q = 0; q < n; ++q) {
-            if (!arrived[static_cast<std::size_t>(q)]) {
+            if (q != me &&
+                all[static_cast<std::size_t>(q)].op == gloo_handshake_buffers::not_arrived) {
                 s += (s.empty() ? "" : ", ") + std::to_string(q);
                 first = first < 0 ? q : first;
                 ++count;
@@ -187,13 +192,9 @@ inline void gloo_handshake_run(::gloo::Context& ctx, gloo_handshake_buffers& b,
         posting = -1;
         const auto deadline = std::chrono::steady_clock::now() + timeout;
         for (int got = 0; got < n - 1; ++got) {
-            int from = -1;
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                 deadline - std::chrono::steady_clock::now());
-            b.in[k]->waitRecv(&from, std::max(left, std::chrono::milliseconds(1)));
-            if (from >= 0 && from < n) {
-                arrived[static_cast<std::size_t>(from)] = true;
-            }
+            b.in[k]->waitRecv(std::max(left, std::chrono::milliseconds(1)));
         }
     } catch (const ::gloo::IoException& e) {
         const std::string what = e.what();
