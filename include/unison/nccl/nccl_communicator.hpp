@@ -407,13 +407,13 @@ private:
         cudaStream_t st = s.stream;
         switch (c.op) {
         case operation::all_reduce:
-            UNISON_CHECK_NCCL(
-                ncclAllReduce(c.send, c.recv, c.count, t, detail::nccl_op(c.reduction), comm, st),
-                s.rank, label);
+            UNISON_CHECK_NCCL(ncclAllReduce(c.send, c.recv, c.count, t,
+                                            detail::nccl_op(c.reduction, s.size), comm, st),
+                              s.rank, label);
             return;
         case operation::reduce_scatter:
             UNISON_CHECK_NCCL(ncclReduceScatter(c.send, c.recv, c.count, t,
-                                                detail::nccl_op(c.reduction), comm, st),
+                                                detail::nccl_op(c.reduction, s.size), comm, st),
                               s.rank, label);
             return;
         case operation::all_gather:
@@ -438,8 +438,8 @@ private:
                               label);
             return;
         case operation::reduce:
-            UNISON_CHECK_NCCL(ncclReduce(c.send, c.recv, c.count, t, detail::nccl_op(c.reduction),
-                                         c.root, comm, st),
+            UNISON_CHECK_NCCL(ncclReduce(c.send, c.recv, c.count, t,
+                                         detail::nccl_op(c.reduction, s.size), c.root, comm, st),
                               s.rank, label);
             return;
         case operation::all_to_all: {

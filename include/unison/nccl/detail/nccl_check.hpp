@@ -61,6 +61,14 @@ inline ncclRedOp_t nccl_op(reduce_op op) noexcept {
     return ncclSum;
 }
 
+/// The NCCL operation for `op` on a communicator of `ranks` ranks. Over one rank an
+/// average is the input itself, so it goes to NCCL as a sum, which NCCL carries out
+/// as a copy: NCCL's own one-rank average (2.27 to 2.29.6, NVIDIA/nccl#1950) leaves
+/// the last `count % blocks` elements of an out-of-place result unwritten.
+inline ncclRedOp_t nccl_op(reduce_op op, int ranks) noexcept {
+    return op == reduce_op::avg && ranks == 1 ? ncclSum : nccl_op(op);
+}
+
 } // namespace unison::detail
 
 /// Checks an NCCL call; throws unison::nccl_error naming the rank, operation and call.
