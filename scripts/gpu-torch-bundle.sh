@@ -73,5 +73,6 @@ rc=$?
 echo "== torch-gpu-tests: exit $rc"
 exit $rc
 EOF
+chmod +x "$out/run.sh"
 du -sh "$out"
 echo "gpu-torch-bundle: $out ready; on the GPU machine run: bash $out/run.sh"
