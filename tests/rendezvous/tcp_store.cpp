@@ -287,6 +287,39 @@ TEST_CASE("tcp_store: a rank that leaves is named in the next collective, at onc
     }
 }
 
+TEST_CASE("tcp_store: departed() names the ranks whose connection closed, waiting for one") {
+    tcp_store_server server(0, 3);
+    std::vector<int> before, after;
+    std::chrono::steady_clock::duration waited{}, heard{};
+    const auto errors = run_ranks(3, [&](int rank) {
+        tcp_store store(at(server, rank, 3, 20s));
+        store.barrier("all here");
+        if (rank == 0) {
+            auto start = std::chrono::steady_clock::now();
+            before = store.departed(300ms); // nobody has left: waits the 300 ms
+            waited = std::chrono::steady_clock::now() - start;
+            store.barrier("asked");
+            start = std::chrono::steady_clock::now();
+            after = store.departed(20s); // answered as rank 2 leaves, not at 20 s
+            heard = std::chrono::steady_clock::now() - start;
+        } else {
+            store.barrier("asked");
+            if (rank == 2) {
+                std::this_thread::sleep_for(100ms);
+                return; // closes its store and goes
+            }
+            std::this_thread::sleep_for(1s); // rank 1 stays until rank 0 has heard
+        }
+    });
+    for (const auto& e : errors) {
+        CHECK_FALSE(e);
+    }
+    CHECK(before.empty());
+    CHECK(waited >= 250ms);
+    CHECK(after == std::vector<int>{2});
+    CHECK(heard < 5s);
+}
+
 TEST_CASE("tcp_store: collectives called in another order are a mismatch on both ranks") {
     tcp_store_server server(0, 2);
     const auto errors = run_ranks(2, [&](int rank) {
