@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include <signal.h>
 #include <unistd.h>
 
 namespace unison {
@@ -70,6 +71,33 @@ struct gloo_transport_options {
 
 namespace detail {
 
+/// Gloo's TCP transport writes with writev(), which raises SIGPIPE when the peer's
+/// end has closed: a rank whose peer was killed would die of it, silently, before
+/// any error could name the peer (Python, and so PyTorch, ignores SIGPIPE from the
+/// start; a C++ program does not). So the first Gloo communicator of a process sets
+/// SIGPIPE to be ignored, as gRPC does, unless the program has its own handler;
+/// writes to a closed socket then fail with EPIPE, which Gloo reports.
+inline void gloo_ignore_sigpipe(int rank) {
+    static const bool ignored = [rank] {
+        struct sigaction current {};
+        if (::sigaction(SIGPIPE, nullptr, &current) != 0 || (current.sa_flags & SA_SIGINFO) != 0 ||
+            current.sa_handler != SIG_DFL) {
+            return false; // the program decided already
+        }
+        struct sigaction ignore {};
+        ignore.sa_handler = SIG_IGN;
+        sigemptyset(&ignore.sa_mask);
+        const bool done = ::sigaction(SIGPIPE, &ignore, nullptr) == 0;
+        log(log_level::info, rank, [] {
+            return std::string("gloo_communicator: SIGPIPE is now ignored in this process, so "
+                               "that a peer's closed connection is an error, not this "
+                               "process's end");
+        });
+        return done;
+    }();
+    (void)ignored;
+}
+
 /// One queued call of a Gloo communicator, or one posted send or recv.
 struct gloo_task {
     collective_call call;
@@ -89,10 +117,18 @@ struct gloo_task {
 /// A communicator's Gloo context and the worker thread that runs its calls.
 class gloo_state {
 public:
+    /// `store_ranks`: each rank's rank in the store (empty: the same as here).
     gloo_state(std::shared_ptr<tcp_store> store, std::shared_ptr<::gloo::transport::Device> device,
-               std::string prefix, int rank, int size, comm_options options)
+               std::string prefix, int rank, int size, comm_options options,
+               std::vector<int> store_ranks = {})
         : store(std::move(store)), device(std::move(device)), prefix(std::move(prefix)), rank(rank),
-          size(size), options(options) {
+          size(size), options(options), store_ranks(std::move(store_ranks)) {
+        if (this->store_ranks.empty()) {
+            for (int q = 0; q < size; ++q) {
+                this->store_ranks.push_back(q);
+            }
+        }
+        gloo_ignore_sigpipe(rank);
         context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
         context->setTimeout(options.timeout);
         gloo_store_adapter adapter(this->store, this->prefix);
@@ -136,6 +172,7 @@ public:
     int rank = 0;
     int size = 1;
     comm_options options;
+    std::vector<int> store_ranks;   ///< each rank's rank in the store
     std::uint64_t sequence = 0;     ///< collectives issued
     std::uint64_t p2p_sequence = 0; ///< sends and recvs issued
     int splits = 0;                 ///< split() calls so far (names the children's keys)
@@ -225,6 +262,15 @@ private:
             return nullptr;
         } catch (const mismatch_error&) {
             return std::current_exception(); // found before any data moved: still usable
+        } catch (const peer_error& e) {      // the handshake saw a connection break
+            poison(t.label + " failed");
+            std::string seen = e.what(); // without its "unison: rank R: OPERATION: "
+            const std::string head =
+                "unison: rank " + std::to_string(rank) + ": " + e.operation() + ": ";
+            if (seen.starts_with(head)) {
+                seen.erase(0, head.size());
+            }
+            return name_departed(t, "Seen as: " + seen, e.peer());
         } catch (const error& e) {
             poison(t.label + " failed");
             return std::current_exception();
@@ -238,7 +284,7 @@ private:
                         " ms after every rank came to it (Gloo: " + what + ")",
                     t.sequence));
             }
-            return std::make_exception_ptr(error(rank, t.label, "Gloo failed: " + what));
+            return name_departed(t, "Gloo: " + what, -1);
         } catch (const std::exception& e) { // Gloo's own checks (gloo::EnforceNotMet)
             poison(t.label + " failed");
             return std::make_exception_ptr(
@@ -249,10 +295,82 @@ private:
         }
     }
 
+    /// A connection broke in `t` (`what`: how it was seen; `peer`: the rank at its
+    /// other end, if known). Gloo cannot tell a peer that ended from one whose Gloo
+    /// failed, nor which one ended (a rank that saw the break closes its own
+    /// connections too), but the store can: a process that ends closes its
+    /// connection to the store as well. So the store is asked, for up to a second,
+    /// which member has left, and that rank is named.
+    std::exception_ptr name_departed(const gloo_task& t, const std::string& what, int peer) {
+        std::vector<int> gone;
+        std::string unreachable;
+        try {
+            const auto wait = std::min(options.timeout, std::chrono::milliseconds(1000));
+            for (const int s : store->departed(wait)) {
+                const auto at = std::find(store_ranks.begin(), store_ranks.end(), s);
+                if (at != store_ranks.end()) {
+                    gone.push_back(static_cast<int>(at - store_ranks.begin()));
+                }
+            }
+        } catch (const std::exception& e) {
+            unreachable = e.what();
+        }
+        std::string ranks;
+        for (const int q : gone) {
+            ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+        }
+        if (!gone.empty()) {
+            return std::make_exception_ptr(peer_error(
+                rank, t.label,
+                std::string(gone.size() == 1 ? "rank " : "ranks ") + ranks + " of " +
+                    std::to_string(size) +
+                    " left during this call (its connection to the store closed as well: it "
+                    "exited, crashed or was killed); the communicator is unusable. " +
+                    what,
+                gone.front()));
+        }
+        if (!unreachable.empty()) {
+            // The store went with the process that hosts it: store rank 0 by default.
+            const auto host = std::find(store_ranks.begin(), store_ranks.end(), 0);
+            const int q =
+                host != store_ranks.end() ? static_cast<int>(host - store_ranks.begin()) : peer;
+            return std::make_exception_ptr(peer_error(
+                rank, t.label,
+                "a connection broke during this call and the store cannot be reached either (" +
+                    unreachable + "), so the process that hosts the store" +
+                    (q >= 0 && host != store_ranks.end() ? ", rank " + std::to_string(q) + ","
+                                                         : std::string()) +
+                    " has ended; the communicator is unusable. " + what,
+                q));
+        }
+        return std::make_exception_ptr(
+            peer_error(rank, t.label,
+                       "a connection broke during this call while every rank is still connected "
+                       "to the store (a rank's Gloo failed, or it destroyed this communicator); "
+                       "the communicator is unusable. " +
+                           what,
+                       peer));
+    }
+
+    /// Marks the communicator unusable and closes every connection of its context,
+    /// so that peers waiting on this rank hear at once that it has stopped (Gloo
+    /// tells an operation only of a break on the connections it waits on: a rank
+    /// waiting on a live peer whose own peer died would otherwise wait until the
+    /// timeout, or until that live peer's process ends).
     void poison(const std::string& why) {
-        std::lock_guard lock(mutex);
-        if (poisoned.empty()) {
-            poisoned = why;
+        bool first = false;
+        {
+            std::lock_guard lock(mutex);
+            first = poisoned.empty();
+            if (first) {
+                poisoned = why;
+            }
+        }
+        if (first && context) {
+            try {
+                context->closeConnections();
+            } catch (...) { // nothing more to tell the peers
+            }
         }
     }
 
@@ -466,8 +584,13 @@ public:
         }
         const std::string prefix = s.prefix + "split" + std::to_string(s.splits++) + "/color" +
                                    std::to_string(color) + "/";
+        std::vector<int> store_ranks;
+        for (const auto& m : members) {
+            store_ranks.push_back(s.store_ranks[static_cast<std::size_t>(m.second)]);
+        }
         gloo_communicator made(std::make_unique<detail::gloo_state>(
-            s.store, s.device, prefix, sub_rank, static_cast<int>(members.size()), s.options));
+            s.store, s.device, prefix, sub_rank, static_cast<int>(members.size()), s.options,
+            std::move(store_ranks)));
         made.log_made("split from rank " + std::to_string(s.rank) + " by color " +
                       std::to_string(color));
         return made;
