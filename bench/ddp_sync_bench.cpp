@@ -3,6 +3,7 @@
 ///
 ///     unison-ddp-bench                                  # thread backend, 2 ranks
 ///     mpiexec -n 2 unison-ddp-bench -B mpi              # MPI backend, a process per rank
+///     torchrun --nproc_per_node=2 --no_python unison-ddp-bench -B gloo   # Gloo, no MPI
 ///     unison-ddp-bench -m bucketed,per-tensor -n 50     # some modes only
 ///
 /// The gradients are the parameters of bench/model_shapes.json (built in; --shapes
@@ -54,6 +55,9 @@
 #include <unison/mpi.hpp>
 
 #include <mpi.h>
+#endif
+#if UNISON_HAS_GLOO()
+#include <unison/gloo.hpp>
 #endif
 
 #include <unistd.h>
@@ -128,6 +132,7 @@ constexpr bool needs_mpi(mode_kind m) noexcept {
 
 struct ddp_bench_config {
     bool mpi = false;     ///< -B mpi
+    bool gloo = false;    ///< -B gloo
     int thread_ranks = 2; ///< -t
     bool thread_ranks_given = false;
     int iters = 20;                    ///< -n
@@ -156,7 +161,9 @@ gradient marked ready in backward order until every gradient holds the average
 over the ranks. Time: from a barrier to the last result, slowest rank; median
 and minimum over -n iterations. GB/s = gradient bytes / median time.
 
-  -B, --backend <name>       thread, or mpi (run under mpiexec) [thread]
+  -B, --backend <name>       thread, mpi (run under mpiexec) or gloo (run under
+                             torchrun, or with RANK, WORLD_SIZE, MASTER_ADDR and
+                             MASTER_PORT set) [thread]
   -t, --nthreads <n>         ranks of the thread backend [2]
   -n, --iters <n>            timed synchronizations per mode [20]
   -w, --warmup_iters <n>     untimed synchronizations before them; the bucketed
@@ -217,11 +224,12 @@ ddp_bench_config parse_command_line(int argc, const char* const* argv) {
             cfg.version = true;
         } else if (arg == "-B" || arg == "--backend") {
             const std::string_view v = value();
-            if (v != "thread" && v != "mpi") {
+            if (v != "thread" && v != "mpi" && v != "gloo") {
                 throw usage_error("option " + arg + ": '" + std::string(v) +
-                                  "' is not a backend (thread, mpi)");
+                                  "' is not a backend (thread, mpi, gloo)");
             }
             cfg.mpi = v == "mpi";
+            cfg.gloo = v == "gloo";
         } else if (arg == "-t" || arg == "--nthreads") {
             cfg.thread_ranks = parse_count(value(), arg, 1);
             cfg.thread_ranks_given = true;
@@ -269,9 +277,10 @@ ddp_bench_config parse_command_line(int argc, const char* const* argv) {
             throw usage_error("unknown option '" + arg + "'");
         }
     }
-    if (cfg.thread_ranks_given && cfg.mpi) {
-        throw usage_error("-t sets the thread backend's ranks; with -B mpi the ranks are the "
-                          "processes mpiexec starts");
+    if (cfg.thread_ranks_given && (cfg.mpi || cfg.gloo)) {
+        throw usage_error(std::string("-t sets the thread backend's ranks; with ") +
+                          (cfg.mpi ? "-B mpi the ranks are the processes mpiexec starts"
+                                   : "-B gloo the ranks are the processes torchrun starts"));
     }
     if (cfg.modes.empty()) {
         for (mode_kind m : all_modes) {
@@ -825,6 +834,18 @@ int run_mpi(int& argc, char**& argv, const ddp_bench_config& cfg, const model_sh
 }
 #endif
 
+#if UNISON_HAS_GLOO()
+int run_gloo(const ddp_bench_config& cfg, const model_shapes& m) {
+    gloo_communicator comm = gloo_communicator::from_env();
+    std::unique_ptr<printer> out;
+    if (comm.rank() == 0) {
+        out = std::make_unique<printer>(cfg, m, "gloo", comm.size());
+        out->begin();
+    }
+    return run_rank(comm, cfg, m, out.get()) == 0 ? 0 : 1;
+}
+#endif
+
 void print_shapes(const model_shapes& m) {
     std::printf("# %s: %zu tensors, %zu elements (%zu bytes as float)\n", m.source.c_str(),
                 m.tensors.size(), m.elements(), m.elements() * sizeof(float));
@@ -885,6 +906,17 @@ int main(int argc, char** argv) {
             if (launch_rank() == 0) {
                 std::fprintf(stderr, "unison-ddp-bench: error: this build has no MPI backend "
                                      "(configure with MPI found, so that unison::mpi exists)\n");
+            }
+            return 2;
+#endif
+        }
+        if (cfg.gloo) {
+#if UNISON_HAS_GLOO()
+            return run_gloo(cfg, m);
+#else
+            if (launch_rank() == 0) {
+                std::fprintf(stderr, "unison-ddp-bench: error: this build has no Gloo backend "
+                                     "(configure with Gloo found, so that unison::gloo exists)\n");
             }
             return 2;
 #endif
