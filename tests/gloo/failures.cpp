@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -170,6 +171,77 @@ TEST_CASE("gloo: test() on a send or recv completes it; a recv that times out en
             }
         },
         timeout_of(500ms));
+}
+
+TEST_CASE("gloo: a send and a recv of other sizes or dtypes fail on both ranks within the "
+          "timeout, with nothing written") {
+    // Gloo checks a message's length against the posted receive on its event-loop
+    // thread: a longer one ended the receiving process there (SIGABRT), a shorter one
+    // left the receive's tail unwritten. Now they never match: the first rank whose
+    // wait times out says what it waited for, and the other rank then hears of it as
+    // a broken connection if its own timeout has not come first.
+    struct sizes {
+        std::size_t send_floats;
+        std::size_t recv_elements;
+        bool recv_doubles;
+        const char* recv_says;
+    };
+    for (const sizes c : {sizes{1000, 500, false, "of 500 float elements"},
+                          sizes{500, 1000, false, "of 1000 float elements"},
+                          sizes{1000, 500, true, "of 500 double elements"}}) {
+        CAPTURE(c.recv_says);
+        std::string said[2];
+        bool timed_out[2] = {false, false};
+        bool untouched = false;
+        gloo_world(
+            2,
+            [&](unison::gloo_communicator& comm) {
+                const int me = comm.rank();
+                try {
+                    if (me == 0) {
+                        const std::vector<float> out(c.send_floats, 1.5f);
+                        unison::send(comm, std::span(out), 1, 3);
+                    } else if (c.recv_doubles) {
+                        std::vector<double> in(c.recv_elements, -7.0);
+                        try {
+                            unison::recv(comm, std::span(in), 0, 3);
+                        } catch (...) {
+                            untouched = std::count(in.begin(), in.end(), -7.0) == std::ssize(in);
+                            throw;
+                        }
+                    } else {
+                        std::vector<float> in(c.recv_elements, -7.0f);
+                        try {
+                            unison::recv(comm, std::span(in), 0, 3);
+                        } catch (...) {
+                            untouched = std::count(in.begin(), in.end(), -7.0f) == std::ssize(in);
+                            throw;
+                        }
+                    }
+                } catch (const unison::timeout_error& e) {
+                    timed_out[me] = true;
+                    said[me] = e.what();
+                } catch (const unison::peer_error& e) {
+                    said[me] = e.what();
+                }
+            },
+            timeout_of(500ms));
+        CAPTURE(said[0]);
+        CAPTURE(said[1]);
+        CHECK(untouched);
+        CHECK((timed_out[0] || timed_out[1]));
+        if (timed_out[0]) {
+            CHECK(has(said[0], "rank 1 did not receive tag 3 of " + std::to_string(c.send_floats) +
+                                   " float elements"));
+        } else {
+            CHECK(has(said[0], "the connection to rank 1 broke"));
+        }
+        if (timed_out[1]) {
+            CHECK(has(said[1], std::string("rank 0 did not send tag 3 ") + c.recv_says));
+        } else {
+            CHECK(has(said[1], "the connection to rank 0 broke"));
+        }
+    }
 }
 
 TEST_CASE("gloo: a rank that leaves is named from its broken connection, before the timeout") {

@@ -453,11 +453,14 @@ private:
                 state_->mark_unusable(t.label + " failed");
             }
             if (what.find("Timed out") != std::string::npos) {
-                throw timeout_error(rank_, t.label,
-                                    other + " did not " + (send_ ? "receive" : "send") + " tag " +
-                                        std::to_string(t.call.tag) + " within " +
-                                        std::to_string(timeout_.count()) + " ms",
-                                    t.sequence);
+                throw timeout_error(
+                    rank_, t.label,
+                    other + " did not " + (send_ ? "receive" : "send") + " tag " +
+                        std::to_string(t.call.tag) + " of " + std::to_string(t.call.count) + " " +
+                        std::string(to_string(t.call.type)) + " elements within " +
+                        std::to_string(timeout_.count()) + " ms (a " + (send_ ? "recv" : "send") +
+                        " of another count or dtype does not match this one)",
+                    t.sequence);
             }
             throw peer_error(rank_, t.label,
                              "the connection to " + other +
@@ -637,8 +640,7 @@ private:
         detail::gloo_state& s = *state_;
         const collective_call& call = t.call;
         const std::size_t bytes = call.count * size_of(call.type);
-        const auto slot =
-            ::gloo::Slot::build(detail::gloo_p2p_slot, static_cast<std::uint32_t>(call.tag));
+        const std::uint64_t slot = detail::gloo_p2p_slot_of(call.tag, bytes, call.type);
         const bool send = call.op == operation::send;
         try {
             t.p2p = s.context->createUnboundBuffer(send ? const_cast<void*>(call.send) : call.recv,

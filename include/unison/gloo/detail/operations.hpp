@@ -45,6 +45,26 @@ inline constexpr std::uint8_t gloo_handshake_slot = 0x70;
 inline constexpr std::uint8_t gloo_reduce_scatter_slot = 0x71;
 inline constexpr std::uint8_t gloo_p2p_slot = 0x72;
 
+/// The Gloo slot of a send or recv: unison's p2p prefix in the top byte (bits
+/// 56-63, as Gloo's Slot::build puts it), the tag in bits 24-55, and a 16-bit
+/// fingerprint of the message's byte count and dtype in bits 8-23, which Gloo's own
+/// slots leave at zero. A send and a recv meet only when their sizes agree: Gloo
+/// checks a message's length against the posted receive on its own event-loop
+/// thread, where a longer message ends the process (an uncaught check), and a
+/// shorter one completes the receive with its tail unwritten. So a send and a recv
+/// that disagree never match, and each ends in a timeout_error instead (about
+/// 1 in 65,536 such pairs would still share a fingerprint).
+inline std::uint64_t gloo_p2p_slot_of(int tag, std::size_t bytes, dtype type) noexcept {
+    std::uint64_t h = 1469598103934665603ull; // FNV-1a over the byte count and dtype
+    for (int i = 0; i < 8; ++i) {
+        h = (h ^ ((bytes >> (8 * i)) & 0xffu)) * 1099511628211ull;
+    }
+    h = (h ^ static_cast<std::uint64_t>(type)) * 1099511628211ull;
+    const std::uint64_t fingerprint = (h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xffffu;
+    return (static_cast<std::uint64_t>(gloo_p2p_slot) << 56) |
+           (static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag)) << 24) | (fingerprint << 8);
+}
+
 /// An element of `N` bytes: what Gloo's typed setters need to cut a buffer into
 /// whole elements.
 template <std::size_t N>
