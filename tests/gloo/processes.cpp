@@ -5,6 +5,7 @@
 // 20 s timeout, and exit. The rank that hosts the store is killed too: then the
 // store goes with it, and the survivors name it all the same.
 
+#include "../support/processes.hpp"
 #include "../support/environment.hpp"
 
 #include <unison/gloo.hpp>
@@ -19,7 +20,6 @@
 #include <vector>
 
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 namespace {
@@ -32,28 +32,13 @@ std::int64_t now_ms() {
         .count();
 }
 
-/// What one process wrote, and how it ended (-1: killed by a signal).
-struct outcome {
-    std::string report;
-    int exit_code = -1;
-};
-
 /// In a child: joins the job as `rank` of `size`, checks one all-reduce, then
 /// all-reduces 16 MiB over and over. Rank `killed` kills itself 40 ms into that
 /// stream, writing "killed at <ms>" first (steady clock, shared by the processes of
 /// one machine). A survivor writes "peer <p> at <ms>: <what>" and exits 4 on a
 /// peer_error, 3 on another unison error, 5 if the stream ends without one.
 [[noreturn]] void run_rank(int rank, int size, std::uint16_t port, int out, int killed) {
-    for (const char* v :
-         {"TORCHELASTIC_USE_AGENT_STORE", "UNISON_STORE_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-          "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "MV2_COMM_WORLD_RANK"}) {
-        ::unsetenv(v);
-    }
-    ::setenv("RANK", std::to_string(rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", std::to_string(size).c_str(), 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    ::setenv("UNISON_TIMEOUT", "20", 1);
+    unison::test::set_torchrun_env(rank, size, port, "20");
     std::string report;
     int code = 5;
     try {
@@ -93,43 +78,13 @@ struct outcome {
 }
 
 /// Starts the `size` ranks of a job on `port` and waits (at most 60 s) for each to end.
-std::vector<outcome> start_job(int size, std::uint16_t port, int killed) {
-    std::vector<pid_t> children;
-    std::vector<int> pipes;
-    for (int rank = 0; rank < size; ++rank) {
-        int p[2];
-        REQUIRE(::pipe(p) == 0);
-        const pid_t child = ::fork();
-        REQUIRE(child >= 0);
-        if (child == 0) {
-            ::close(p[0]);
-            run_rank(rank, size, port, p[1], killed);
-        }
-        ::close(p[1]);
-        children.push_back(child);
-        pipes.push_back(p[0]);
+std::vector<unison::test::process_outcome> start_job(int size, std::uint16_t port, int killed) {
+    std::vector<int> ranks;
+    for (int r = 0; r < size; ++r) {
+        ranks.push_back(r);
     }
-    std::vector<outcome> out(children.size());
-    const auto deadline = clock_type::now() + std::chrono::seconds(60);
-    for (std::size_t i = 0; i < children.size(); ++i) {
-        int status = 0;
-        while (::waitpid(children[i], &status, WNOHANG) == 0) {
-            if (clock_type::now() > deadline) {
-                ::kill(children[i], SIGKILL);
-                ::waitpid(children[i], &status, 0);
-                break;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-        out[i].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        char buf[4096];
-        ssize_t n = 0;
-        while ((n = ::read(pipes[i], buf, sizeof buf)) > 0) {
-            out[i].report.append(buf, static_cast<std::size_t>(n));
-        }
-        ::close(pipes[i]);
-    }
-    return out;
+    return unison::test::run_processes(
+        ranks, [&](int rank, int fd) { run_rank(rank, size, port, fd, killed); });
 }
 
 /// The number after `word` in `s` (-1 when absent).
@@ -144,7 +99,7 @@ TEST_CASE("gloo: a process killed mid-collective is named by every survivor with
     for (const int killed : {2, 0}) { // rank 0 hosts the store: it goes too
         CAPTURE(killed);
         const int size = 3;
-        std::vector<outcome> out;
+        std::vector<unison::test::process_outcome> out;
         for (int attempt = 0; attempt < 3; ++attempt) { // the port may be taken meanwhile
             out = start_job(size, unison::test::unused_port(), killed);
             if (out[0].report.find("cannot host the store") == std::string::npos) {
@@ -160,7 +115,7 @@ TEST_CASE("gloo: a process killed mid-collective is named by every survivor with
             if (r == killed) {
                 continue;
             }
-            const outcome& o = out[static_cast<std::size_t>(r)];
+            const unison::test::process_outcome& o = out[static_cast<std::size_t>(r)];
             CAPTURE(r);
             CAPTURE(o.report);
             CHECK(o.exit_code == 4);

@@ -4,6 +4,7 @@
 // process ids; and when one rank never starts, every rank that did fails within its
 // timeout with an error naming the missing rank.
 
+#include "support/processes.hpp"
 #include "support/environment.hpp"
 
 #include <unison/rendezvous.hpp>
@@ -30,11 +31,7 @@ using clock_type = std::chrono::steady_clock;
 
 using unison::test::unused_port;
 
-/// What one process printed, and how it ended.
-struct outcome {
-    std::string report;
-    int exit_code = -1;
-};
+using outcome = unison::test::process_outcome;
 
 /// In a child: meet as `rank` of `size`, gather process ids, check them, and write
 /// "ok" or the error to `out`; exits 0, or 3 on a unison error (4 on a peer_error,
@@ -42,16 +39,7 @@ struct outcome {
 /// itself (SIGKILL) before that barrier.
 [[noreturn]] void run_rank(int rank, int size, std::uint16_t port, const char* timeout, int out,
                            int killed) {
-    for (const char* v :
-         {"TORCHELASTIC_USE_AGENT_STORE", "UNISON_STORE_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-          "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "MV2_COMM_WORLD_RANK"}) {
-        ::unsetenv(v);
-    }
-    ::setenv("RANK", std::to_string(rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", std::to_string(size).c_str(), 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    ::setenv("UNISON_TIMEOUT", timeout, 1);
+    unison::test::set_torchrun_env(rank, size, port, timeout);
     std::string report;
     int code = 0;
     try {
@@ -96,42 +84,8 @@ struct outcome {
 /// 60 s) for each to end.
 std::vector<outcome> start_job(const std::vector<int>& ranks, int size, std::uint16_t port,
                                const char* timeout, int killed) {
-    std::vector<pid_t> children;
-    std::vector<int> pipes;
-    for (const int rank : ranks) {
-        int p[2];
-        REQUIRE(::pipe(p) == 0);
-        const pid_t child = ::fork();
-        REQUIRE(child >= 0);
-        if (child == 0) {
-            ::close(p[0]);
-            run_rank(rank, size, port, timeout, p[1], killed);
-        }
-        ::close(p[1]);
-        children.push_back(child);
-        pipes.push_back(p[0]);
-    }
-    std::vector<outcome> out(ranks.size());
-    const auto deadline = clock_type::now() + std::chrono::seconds(60);
-    for (std::size_t i = 0; i < children.size(); ++i) {
-        int status = 0;
-        while (::waitpid(children[i], &status, WNOHANG) == 0) {
-            if (clock_type::now() > deadline) {
-                ::kill(children[i], SIGKILL);
-                ::waitpid(children[i], &status, 0);
-                break;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-        out[i].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        char buf[4096];
-        ssize_t n = 0;
-        while ((n = ::read(pipes[i], buf, sizeof buf)) > 0) {
-            out[i].report.append(buf, static_cast<std::size_t>(n));
-        }
-        ::close(pipes[i]);
-    }
-    return out;
+    return unison::test::run_processes(
+        ranks, [&](int rank, int fd) { run_rank(rank, size, port, timeout, fd, killed); });
 }
 
 /// start_job, again on another port if rank 0 found its port taken in the moment
