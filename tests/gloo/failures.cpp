@@ -269,6 +269,41 @@ TEST_CASE("gloo: a rank that leaves is named from its broken connection, before 
     CHECK(std::chrono::steady_clock::now() - start < 10s);
 }
 
+TEST_CASE("gloo: when one operation fails on a broken connection, the rank's others in flight "
+          "end too, not at their timeout") {
+    // Rank 0 waits on a recv from rank 2, which stays but never sends, and on a recv
+    // from rank 1, which leaves. The second fails at once on the closed connection;
+    // Gloo would tell only the operations on that connection, so the first would wait
+    // out the whole 20 s timeout unless the failure ends the rank's Gloo context.
+    std::chrono::steady_clock::duration took{};
+    bool ended = false;
+    gloo_world(
+        3,
+        [&](unison::gloo_communicator& comm) {
+            if (comm.rank() == 1) {
+                std::this_thread::sleep_for(200ms);
+                return; // its communicator, and its connections, go
+            }
+            if (comm.rank() == 2) {
+                std::this_thread::sleep_for(4s); // here, silent, until rank 0 is done
+                return;
+            }
+            std::vector<float> from2(64), from1(64);
+            const auto start = std::chrono::steady_clock::now();
+            auto pending = unison::recv_async(comm, std::span(from2), 2, 4);
+            CHECK_THROWS_AS(unison::recv(comm, std::span(from1), 1, 5), unison::peer_error);
+            try {
+                pending.wait();
+            } catch (const unison::error&) {
+                ended = true;
+            }
+            took = std::chrono::steady_clock::now() - start;
+        },
+        timeout_of(20s));
+    CHECK(ended);
+    CHECK(took < 3s);
+}
+
 TEST_CASE("gloo: split into groups of other sizes, each reducing on its own, twice") {
     gloo_world(
         4,

@@ -87,13 +87,15 @@ inline void gloo_ignore_sigpipe(int rank) {
         struct sigaction ignore {};
         ignore.sa_handler = SIG_IGN;
         sigemptyset(&ignore.sa_mask);
-        const bool done = ::sigaction(SIGPIPE, &ignore, nullptr) == 0;
+        if (::sigaction(SIGPIPE, &ignore, nullptr) != 0) {
+            return false;
+        }
         log(log_level::info, rank, [] {
             return std::string("gloo_communicator: SIGPIPE is now ignored in this process, so "
                                "that a peer's closed connection is an error, not this "
                                "process's end");
         });
-        return done;
+        return true;
     }();
     (void)ignored;
 }
@@ -305,12 +307,25 @@ private:
         std::vector<int> gone;
         std::string unreachable;
         try {
-            const auto wait = std::min(options.timeout, std::chrono::milliseconds(1000));
-            for (const int s : store->departed(wait)) {
-                const auto at = std::find(store_ranks.begin(), store_ranks.end(), s);
-                if (at != store_ranks.end()) {
-                    gone.push_back(static_cast<int>(at - store_ranks.begin()));
+            // Ranks outside this communicator may have left before: wait on until a
+            // member is among those gone, or a second has passed.
+            const auto deadline = std::chrono::steady_clock::now() +
+                                  std::min(options.timeout, std::chrono::milliseconds(1000));
+            std::size_t known = 0;
+            for (;;) {
+                const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    deadline - std::chrono::steady_clock::now());
+                const std::vector<int> all = store->departed(left, known);
+                for (const int s : all) {
+                    const auto at = std::find(store_ranks.begin(), store_ranks.end(), s);
+                    if (at != store_ranks.end()) {
+                        gone.push_back(static_cast<int>(at - store_ranks.begin()));
+                    }
                 }
+                if (!gone.empty() || all.size() <= known || left.count() <= 0) {
+                    break;
+                }
+                known = all.size();
             }
         } catch (const std::exception& e) {
             unreachable = e.what();
@@ -352,11 +367,12 @@ private:
                        peer));
     }
 
-    /// Marks the communicator unusable and closes every connection of its context,
-    /// so that peers waiting on this rank hear at once that it has stopped (Gloo
-    /// tells an operation only of a break on the connections it waits on: a rank
-    /// waiting on a live peer whose own peer died would otherwise wait until the
-    /// timeout, or until that live peer's process ends).
+    /// Marks the communicator unusable and ends its Gloo context: every connection
+    /// closes, so that peers waiting on this rank hear at once that it has stopped
+    /// (Gloo tells an operation only of a break on the connections it waits on: a
+    /// rank waiting on a live peer whose own peer died would otherwise wait until
+    /// the timeout, or until that live peer's process ends), and this rank's other
+    /// operations in flight end with an error rather than at their timeout.
     void poison(const std::string& why) {
         bool first = false;
         {
@@ -366,10 +382,15 @@ private:
                 poisoned = why;
             }
         }
-        if (first && context) {
+        if (first && context && size > 1) {
+            // Gloo's own way to end a context: a wait that times out signals every
+            // pair, which wakes this rank's other waiting operations with an error
+            // and closes every connection, so that the peers hear of it too.
+            // (Context::closeConnections closes them without waking the waiters.)
             try {
-                context->closeConnections();
-            } catch (...) { // nothing more to tell the peers
+                auto probe = context->createUnboundBuffer(nullptr, 0);
+                probe->waitRecv(std::chrono::milliseconds(1));
+            } catch (...) { // the expected timeout; nothing more to tell the peers
             }
         }
     }

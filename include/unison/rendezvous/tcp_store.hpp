@@ -298,18 +298,18 @@ public:
     void barrier(std::string_view name = "barrier") { collective("barrier", name, {}, -1); }
 
     /// The ranks whose connection to the store has closed (they exited, crashed or
-    /// were killed), by rank; waits up to `wait` for a first one when none has left
-    /// yet. Not collective: a backend whose own connection to a peer broke asks here
-    /// which rank is gone, since the store sees a process's end as soon as its
+    /// were killed), by rank; when no more than `known` have, waits up to `wait` for
+    /// one more. Not collective: a backend whose own connection to a peer broke asks
+    /// here which rank is gone, since the store sees a process's end as soon as its
     /// kernel closes the socket. Throws `error` when the store itself cannot be
     /// reached (its host process is gone too).
-    std::vector<int> departed(std::chrono::milliseconds wait) {
+    std::vector<int> departed(std::chrono::milliseconds wait, std::size_t known = 0) {
         missing_keys m;
         std::vector<std::vector<std::byte>> values;
         // A key that is never set: the server answers at `wait`, or as soon as more
-        // than 0 ranks have left, with every rank's state either way.
+        // than `known` ranks have left, with every rank's state either way.
         if (get_all({"unison/departed"}, std::max(wait, std::chrono::milliseconds(1)),
-                    "tcp_store::departed", values, &m, std::uint64_t{0})) {
+                    "tcp_store::departed", values, &m, std::uint64_t{known})) {
             return {};
         }
         std::vector<int> gone;
