@@ -277,27 +277,33 @@ TEST_CASE("gloo: when one operation fails on a broken connection, the rank's oth
     // out the whole 20 s timeout unless the failure ends the rank's Gloo context.
     std::chrono::steady_clock::duration took{};
     bool ended = false;
+    std::atomic<bool> posted{false}, done{false};
     gloo_world(
         3,
         [&](unison::gloo_communicator& comm) {
             if (comm.rank() == 1) {
-                std::this_thread::sleep_for(200ms);
-                return; // its communicator, and its connections, go
+                posted.wait(false); // rank 0's two recvs are posted
+                return;             // its communicator, and its connections, go
             }
             if (comm.rank() == 2) {
-                std::this_thread::sleep_for(4s); // here, silent, until rank 0 is done
+                done.wait(false); // here, silent, until rank 0 is done
                 return;
             }
             std::vector<float> from2(64), from1(64);
             const auto start = std::chrono::steady_clock::now();
             auto pending = unison::recv_async(comm, std::span(from2), 2, 4);
-            CHECK_THROWS_AS(unison::recv(comm, std::span(from1), 1, 5), unison::peer_error);
+            auto broken = unison::recv_async(comm, std::span(from1), 1, 5);
+            posted = true;
+            posted.notify_all();
+            CHECK_THROWS_AS(broken.wait(), unison::peer_error);
             try {
                 pending.wait();
             } catch (const unison::error&) {
                 ended = true;
             }
             took = std::chrono::steady_clock::now() - start;
+            done = true;
+            done.notify_all();
         },
         timeout_of(20s));
     CHECK(ended);

@@ -12,6 +12,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <exception>
@@ -291,6 +292,7 @@ TEST_CASE("tcp_store: departed() names the ranks whose connection closed, waitin
     tcp_store_server server(0, 3);
     std::vector<int> before, after;
     std::chrono::steady_clock::duration waited{}, heard{};
+    std::atomic<bool> answered{false};
     const auto errors = run_ranks(3, [&](int rank) {
         tcp_store store(at(server, rank, 3, 20s));
         store.barrier("all here");
@@ -302,13 +304,14 @@ TEST_CASE("tcp_store: departed() names the ranks whose connection closed, waitin
             start = std::chrono::steady_clock::now();
             after = store.departed(20s); // answered as rank 2 leaves, not at 20 s
             heard = std::chrono::steady_clock::now() - start;
+            answered = true;
+            answered.notify_all();
         } else {
             store.barrier("asked");
             if (rank == 2) {
-                std::this_thread::sleep_for(100ms);
                 return; // closes its store and goes
             }
-            std::this_thread::sleep_for(1s); // rank 1 stays until rank 0 has heard
+            answered.wait(false); // rank 1 stays until rank 0 has its answer
         }
     });
     for (const auto& e : errors) {
