@@ -6,6 +6,7 @@
 // UNISON_TORCH_SUITE(fixture) in its test file (tests/torch/).
 
 #include "../support/backends.hpp"
+#include "../torch/construction_cases.hpp"
 #include "../torch/ddp_cases.hpp"
 #include "../torch/device_cases.hpp"
 #include "../torch/fsdp_cases.hpp"
@@ -61,6 +62,15 @@ TEST_CASE_TEMPLATE_DEFINE("torch fsdp: misuse is reported", Backend, torch_fsdp_
     Backend::run([](auto& comm) { unison::test::torch_fsdp_error_cases(comm); });
 }
 
+TEST_CASE_TEMPLATE_DEFINE("torch: a failed construction leaves the module as it was", Backend,
+                          torch_failed_construction) {
+    UNISON_TORCH_ONE_THREAD();
+    Backend::run([](auto& comm) {
+        unison::test::torch_ddp_construction_cases(comm);
+        unison::test::torch_fsdp_construction_cases(comm);
+    });
+}
+
 TEST_CASE_TEMPLATE_DEFINE("torch: a module where the engine is not is refused", Backend,
                           torch_device_misuse) {
     UNISON_TORCH_ONE_THREAD();
@@ -78,4 +88,5 @@ TEST_CASE_TEMPLATE_DEFINE("torch: a module where the engine is not is refused", 
     TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_accumulation, Backend);                                   \
     TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_units, Backend);                                          \
     TEST_CASE_TEMPLATE_INVOKE(torch_fsdp_misuse, Backend);                                         \
+    TEST_CASE_TEMPLATE_INVOKE(torch_failed_construction, Backend);                                 \
     TEST_CASE_TEMPLATE_INVOKE(torch_device_misuse, Backend)

@@ -6,8 +6,8 @@
 // uses. Every model is initialized from its own generator, so rank threads can
 // build them at once without sharing LibTorch's global one.
 
-#include <unison/torch/fsdp.hpp>
 #include <unison/torch/recompute.hpp>
+#include <unison/torch/units.hpp>
 
 #include <torch/torch.h>
 

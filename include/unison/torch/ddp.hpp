@@ -14,11 +14,16 @@
 ///         optimizer.step();   // on gradients averaged over the ranks
 ///     }
 ///
-/// Construction is collective: it registers the module's parameters (those with
-/// `requires_grad`; frozen ones are only broadcast), its buffers, checks that every
-/// rank built the same module (names, shapes and dtypes: the first parameter that
-/// differs is named in a mismatch_error before any data moves) and broadcasts rank `root`'s parameters
-/// and buffers. It hooks each parameter's gradient accumulator, so a gradient's
+/// Construction is collective: every rank first hears whether any rank's own
+/// checks failed (the module claimed by another engine, the root, a tensor on
+/// another device), then it checks that every rank built the same module (names,
+/// shapes and dtypes: the first parameter that differs is named in a mismatch_error
+/// before any data moves; torch/detail/prologue.hpp, shared with torch::fsdp),
+/// registers the module's parameters (those with `requires_grad`; frozen ones are
+/// only broadcast) and its buffers, and broadcasts rank `root`'s parameters and
+/// buffers. A failure before that broadcast leaves the module as it was; one after
+/// it leaves rank `root`'s values, each gradient in memory of its own and no hook.
+/// It hooks each parameter's gradient accumulator, so a gradient's
 /// bucket is packed and reduced as soon as autograd has accumulated it into
 /// `p.grad()`, and it queues a callback that ends the step when backward finishes:
 /// after `loss.backward()` returns, every `p.grad()` holds the average over the
@@ -73,18 +78,13 @@
 #include "unison/ddp/ddp.hpp"
 #include "unison/parallel/detail/control.hpp"
 #include "unison/parallel/device_setup.hpp"
-#include "unison/torch/detail/autograd.hpp"
 #include "unison/torch/detail/claims.hpp"
 #include "unison/torch/detail/device.hpp"
-#include "unison/torch/detail/same_module.hpp"
+#include "unison/torch/detail/prologue.hpp"
 
 #include <ATen/ops/from_blob.h>
 
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#include <torch/csrc/autograd/variable.h>
-#include <torch/cuda.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -168,17 +168,7 @@ public:
 
     /// Removes the hooks; with gradients_in_buckets, gives each parameter its own
     /// copy of its gradient (the bucket memory goes away with this object).
-    ~ddp() {
-        for (std::size_t i = 0; i < params_.size(); ++i) {
-            accumulators_[i]->del_post_hook(hook_keys_[i]);
-            if constexpr (in_buckets) {
-                if (params_[i].grad().defined() &&
-                    params_[i].grad().data_ptr() == grads_[i].data_ptr()) {
-                    params_[i].mutable_grad() = grads_[i].clone();
-                }
-            }
-        }
-    }
+    ~ddp() { release(); }
 
     /// Backward inside the returned scope only accumulates into `p.grad()`; the next
     /// backward outside reduces what was accumulated. Scopes nest.
@@ -209,29 +199,29 @@ private:
         std::optional<device_setup<engine_type>> device)
         : module_(std::move(module)), options_(options), claim_(module_, "torch::ddp"),
           placed_(device ? std::optional<unison::device>(device->location()) : std::nullopt),
-          guard_(placed_), engine_(comm, checked(options_, comm, module_).engine()) {
-        if constexpr (moves_host_memory<C>) {
-            claim_.agree(comm, unison::detail::placement{}); // first: nothing local can throw
-        }
-        check_devices();
-        if (placed_) {
-            // The collectives below read the module on the communicator's stream:
-            // whatever produced it (module->to(...), initialization) must be done.
-            ::torch::cuda::synchronize(placed_->index);
-        }
-        register_module();
+          guard_(placed_), engine_(comm, options_.engine()) {
+        detail::agree_to_start(comm, placed_, detail::local_checks([&] { check(comm); }),
+                               "torch::ddp");
         if (device) {
             (*device)(engine_); // before start(): the buckets are made there
         }
-        if constexpr (!moves_host_memory<C>) { // its control traffic needs the device
-            claim_.agree(comm, engine_.reducer().placement());
-        }
-        detail::verify_same_module(engine_.communicator(), engine_.reducer().placement(), *module_,
-                                   "torch::ddp");
-        engine_.start(options_.root);
-        install_hooks();
-        if constexpr (in_buckets) {
-            point_gradients_at_buckets();
+        const unison::detail::placement& place = engine_.reducer().placement();
+        detail::verify_module(comm, place, *module_, placed_, "torch::ddp");
+        register_module();
+        detail::construction_stage("registered");
+        engine_.start(options_.root); // the layout check, then rank root's values everywhere
+        detail::construction_stage("started");
+        // A failure from here removes the hooks and leaves no gradient in the buckets.
+        try {
+            install_hooks();
+            detail::construction_stage("hooked");
+            if constexpr (in_buckets) {
+                point_gradients_at_buckets();
+            }
+            detail::construction_stage("pointed");
+        } catch (...) {
+            release();
+            throw;
         }
     }
 
@@ -239,28 +229,25 @@ private:
         engine_type::reducer_type::config::gradient_memory::in_buckets;
     static constexpr bool unused_is_error = engine_type::reducer_type::config::unused::error;
 
-    static const ddp_options& checked(const ddp_options& o, C& comm,
-                                      const std::shared_ptr<::torch::nn::Module>& m) {
-        if (!m) {
-            throw argument_error(comm.rank(), "torch::ddp", "the module is null");
+    /// This rank's own checks, before anything moves (torch/detail/prologue.hpp):
+    /// the module, the root, the claim, and every tensor where the engine keeps
+    /// its state.
+    void check(C& comm) {
+        if (!module_) {
+            fail("the module is null");
         }
-        if (o.root < 0 || o.root >= comm.size()) {
-            throw argument_error(comm.rank(), "torch::ddp",
-                                 "root is " + std::to_string(o.root) + " in a world of " +
-                                     std::to_string(comm.size()) + " ranks");
+        if (options_.root < 0 || options_.root >= comm.size()) {
+            fail("root is " + std::to_string(options_.root) + " in a world of " +
+                 std::to_string(comm.size()) + " ranks");
         }
-        return o;
+        claim_.check(comm.rank());
+        if (std::string why = detail::misplaced(*module_, placed_); !why.empty()) {
+            fail(why);
+        }
     }
 
     [[noreturn]] void fail(const std::string& detail) {
         throw argument_error(engine_.communicator().rank(), "torch::ddp", detail);
-    }
-
-    /// Every tensor where the engine keeps its state, before anything is touched.
-    void check_devices() {
-        if (std::string why = detail::misplaced(*module_, placed_); !why.empty()) {
-            fail(why);
-        }
     }
 
     void register_module() {
@@ -291,21 +278,34 @@ private:
     }
 
     /// Gradient i is final once autograd has accumulated it into p.grad: a post hook
-    /// on p's AccumulateGrad node (a tensor hook would run before the accumulation).
-    /// A parameter holds its node weakly, so the nodes are kept alive here.
+    /// on p's AccumulateGrad node.
     void install_hooks() {
         for (std::size_t i = 0; i < params_.size(); ++i) {
-            accumulators_.push_back(::torch::autograd::impl::grad_accumulator(params_[i]));
-            if (!accumulators_.back()) {
+            if (!hooks_.hold(params_[i])) {
                 fail("parameter '" + names_[i] + "' has no gradient accumulator");
             }
-            hook_keys_.push_back(accumulators_.back()->add_post_hook(
-                std::make_unique<::torch::autograd::utils::LambdaPostHook>(
-                    [this, i](const ::torch::autograd::variable_list& outputs,
-                              const ::torch::autograd::variable_list&) {
-                        gradient_ready(i);
-                        return outputs;
-                    })));
+            hooks_.install(i, [this, i] { gradient_ready(i); });
+        }
+    }
+
+    /// Removes the hooks; with gradients_in_buckets, a gradient that is a view of
+    /// its bucket gets memory of its own, with its values.
+    void release() noexcept {
+        hooks_.remove_all();
+        if constexpr (in_buckets) {
+            if (!pointed_) {
+                return; // each gradient is still the parameter's own
+            }
+            for (std::size_t i = 0; i < params_.size(); ++i) {
+                try {
+                    if (params_[i].grad().defined() && grads_[i].defined() &&
+                        params_[i].grad().data_ptr() == grads_[i].data_ptr()) {
+                        params_[i].mutable_grad() = grads_[i].clone();
+                    }
+                } catch (...) { // out of memory: nothing to report to, the engine is going away
+                    params_[i].mutable_grad() = at::Tensor();
+                }
+            }
         }
     }
 
@@ -406,6 +406,7 @@ private:
     /// (again after the rebuild moves the buckets; the reducer carries the values
     /// over). An undefined one stays so until backward gives it a value.
     void point_gradients_at_buckets() {
+        pointed_ = true;
         for (std::size_t i = 0; i < params_.size(); ++i) {
             grads_[i] = at::for_blob(bucket_slot(i), params_[i].sizes())
                             .options(params_[i].options())
@@ -443,8 +444,7 @@ private:
     std::vector<at::Tensor> params_;
     std::vector<at::Tensor> grads_; ///< where the reducer reads and writes gradient i
     std::vector<std::string> names_;
-    std::vector<detail::accumulator_ptr> accumulators_;
-    std::vector<std::uintptr_t> hook_keys_;
+    detail::gradient_hooks hooks_; ///< node i: parameter i's AccumulateGrad
     std::vector<std::uint8_t> marked_;
     /// Used, or holding a gradient, in this accumulation window (since the last
     /// synchronizing backward).
@@ -456,6 +456,7 @@ private:
     int no_sync_depth_ = 0;
     bool in_backward_ = false;
     bool synchronized_ = false;
+    bool pointed_ = false; ///< gradients_in_buckets: some p.grad may view a bucket
 };
 
 } // namespace unison::torch

@@ -22,17 +22,24 @@
 ///     engine.save_full("model.pt"); // torch::load(plain_model, "model.pt") reads it
 ///     unison::save_checkpoint("ckpt", engine); // sharded: resume at any world size
 ///
-/// Construction is collective: it checks that every rank built the same module
-/// (the first parameter that differs is named in a mismatch_error before anything
-/// moves), copies rank 0's parameters and buffers to every rank, and hands the
-/// parameters to the engine: from then on each parameter's storage is the engine's
-/// memory, pointed at the gathered values inside the unit's forward and backward
+/// Construction is collective: every rank first hears whether any rank's own
+/// checks failed (the module claimed by another engine, a unit that is not a
+/// submodule, tied weights, a tensor on another device), then it checks that every
+/// rank built the same module (the first parameter that differs is named in a
+/// mismatch_error), hands rank 0's parameters to the engine, and finally copies
+/// rank 0's frozen parameters and buffers into every rank's module (parts of
+/// construction: torch/detail/prologue.hpp, shared with torch::ddp). From then on
+/// each parameter's storage is the engine's memory (torch/detail/storage.hpp),
+/// pointed at the gathered values inside the unit's forward and backward
 /// and released outside them (with strategies that shard parameters): it keeps its
 /// shape, holds no memory, and any computation on it (or on a view of it) throws
 /// an argument_error naming the parameter, its unit and the operator
 /// (torch/detail/released.hpp). Its data pointer is null there: nothing may read
-/// it. `full_state_dict()` and
-/// `save_full()` give the full values.
+/// it. `full_state_dict()` and `save_full()` give the full values. A construction
+/// that fails leaves the module as it was: every parameter its own tensor, values
+/// and gradient (rank 0's values reach the engine through memory of its own), no
+/// hook, no unit registered, no claim; only a communication failure in the last
+/// step may leave some frozen parameters and buffers holding rank 0's values.
 ///
 /// Forward: entering a unit gathers its parameters (prefetching the next units)
 /// and points the module's parameters at them; leaving it releases them (when the
@@ -92,21 +99,18 @@
 #include "unison/parallel/device_setup.hpp"
 #include "unison/sharded/checkpoint.hpp"
 #include "unison/sharded/fsdp.hpp"
-#include "unison/torch/detail/autograd.hpp"
+#include "unison/torch/detail/archive.hpp"
 #include "unison/torch/detail/claims.hpp"
 #include "unison/torch/detail/device.hpp"
-#include "unison/torch/detail/recomputing.hpp"
+#include "unison/torch/detail/prologue.hpp"
 #include "unison/torch/detail/released.hpp"
-#include "unison/torch/detail/same_module.hpp"
+#include "unison/torch/detail/storage.hpp"
+#include "unison/torch/detail/unit_registry.hpp"
+#include "unison/torch/units.hpp"
 
 #include <c10/core/Storage.h>
-#include <c10/core/StorageImpl.h>
-#include <c10/core/TensorImpl.h>
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
-#include <torch/cuda.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/ordered_dict.h>
@@ -115,203 +119,16 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <filesystem>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
+#include <span>
 #include <string>
-#include <tuple>
-#include <type_traits>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 namespace unison::torch {
-
-namespace detail {
-
-/// What runs a module's forward as a unit: an fsdp engine. `recompute`: the forward
-/// is a recomputation inside backward (torch/recompute.hpp).
-class unit_runner {
-public:
-    virtual void enter_forward(std::size_t unit, bool recompute) = 0;
-    virtual void leave_forward(std::size_t unit, bool recompute) = 0;
-    virtual void abandon_forward(std::size_t unit, bool recompute) noexcept = 0;
-    virtual void hook_output(std::size_t unit, const at::Tensor& output) = 0;
-
-protected:
-    ~unit_runner() = default;
-};
-
-struct unit_entry {
-    unit_runner* runner = nullptr;
-    std::size_t unit = 0;
-};
-
-/// Which module is a unit of which engine (engines of several ranks' models can
-/// live in one process: the thread backend).
-class unit_registry {
-public:
-    static unit_registry& instance() {
-        static unit_registry r;
-        return r;
-    }
-    unit_entry find(const ::torch::nn::Module* m) {
-        const std::lock_guard<std::mutex> lock(mutex_);
-        const auto it = units_.find(m);
-        return it == units_.end() ? unit_entry{} : it->second;
-    }
-    bool add(const ::torch::nn::Module* m, unit_entry e) {
-        const std::lock_guard<std::mutex> lock(mutex_);
-        return units_.emplace(m, e).second;
-    }
-    void remove(const ::torch::nn::Module* m) {
-        const std::lock_guard<std::mutex> lock(mutex_);
-        units_.erase(m);
-    }
-
-private:
-    std::mutex mutex_;
-    std::unordered_map<const ::torch::nn::Module*, unit_entry> units_;
-};
-
-/// Hooks every tensor of a unit's forward result: a tensor, a vector of them, or a
-/// tuple or pair of those.
-inline void hook_outputs(const unit_entry& e, const at::Tensor& t) {
-    if (t.defined() && t.requires_grad()) {
-        e.runner->hook_output(e.unit, t);
-    }
-}
-inline void hook_outputs(const unit_entry& e, const std::vector<at::Tensor>& ts) {
-    for (const at::Tensor& t : ts) {
-        hook_outputs(e, t);
-    }
-}
-template <class... Ts>
-void hook_outputs(const unit_entry& e, const std::tuple<Ts...>& ts) {
-    std::apply([&](const auto&... t) { (hook_outputs(e, t), ...); }, ts);
-}
-template <class A, class B>
-void hook_outputs(const unit_entry& e, const std::pair<A, B>& p) {
-    hook_outputs(e, p.first);
-    hook_outputs(e, p.second);
-}
-
-template <class T>
-concept unit_output = requires(const unit_entry& e, const T& t) {
-    hook_outputs(e, t);
-};
-
-/// Points storage `s` at `bytes` bytes from `p` (nothing: nullptr, 0) on its device.
-inline void point(c10::Storage& s, void* p, std::size_t bytes) {
-    c10::StorageImpl* impl = s.unsafeGetStorageImpl();
-    impl->set_data_ptr_noswap(c10::DataPtr(p, s.device()));
-    impl->set_nbytes(bytes);
-}
-
-/// A storage on device `d` that owns nothing; point() moves it.
-inline c10::Storage unowned_storage(c10::Device d) {
-    return c10::Storage(c10::Storage::use_byte_size_t(), std::size_t{0}, c10::DataPtr(nullptr, d),
-                        nullptr, false);
-}
-
-/// A contiguous tensor of `shape` and `type` on storage `s`, dispatched as `s`'s
-/// device (CPU or CUDA) or, with `released`, to the kernel that refuses released
-/// parameters (torch/detail/released.hpp).
-inline at::Tensor tensor_on(const c10::Storage& s, c10::IntArrayRef shape, caffe2::TypeMeta type,
-                            bool released = false) {
-    const c10::DispatchKey key = released               ? released_key
-                                 : s.device().is_cuda() ? c10::DispatchKey::CUDA
-                                                        : c10::DispatchKey::CPU;
-    auto impl =
-        c10::make_intrusive<c10::TensorImpl>(c10::Storage(s), c10::DispatchKeySet(key), type);
-    impl->set_sizes_contiguous(shape);
-    return at::Tensor(std::move(impl));
-}
-
-/// Makes parameter `param` show `t` (its shape, storage and dispatch keys) and keeps
-/// everything autograd knows of it. Variable::set_data does the same but refuses a
-/// change of dispatch backend, which releasing a parameter is.
-inline void show_as(const at::Tensor& param, const at::Tensor& t) {
-    param.unsafeGetTensorImpl()->shallow_copy_from(t.getIntrusivePtr());
-}
-
-/// Module::save's format with `full` (full name -> host tensor) for the parameters
-/// and host copies of the buffers, so that the file holds host tensors whatever
-/// device the module is on.
-inline void write_module(::torch::serialize::OutputArchive& archive, const ::torch::nn::Module& m,
-                         const std::string& prefix,
-                         const std::unordered_map<std::string, at::Tensor>& full) {
-    for (const auto& item : m.named_parameters(/*recurse=*/false)) {
-        archive.write(item.key(), full.at(prefix + item.key()));
-    }
-    for (const auto& item : m.named_buffers(/*recurse=*/false)) {
-        archive.write(item.key(), item.value().detach().to(at::kCPU), /*is_buffer=*/true);
-    }
-    for (const auto& child : m.named_children()) {
-        if (child.value()->is_serializable()) {
-            ::torch::serialize::OutputArchive nested(archive.compilation_unit());
-            write_module(nested, *child.value(), prefix + child.key() + ".", full);
-            archive.write(child.key(), nested);
-        }
-    }
-}
-
-} // namespace detail
-
-/// The modules of `range` (module holders such as `torch::nn::Linear` or a
-/// TORCH_MODULE type, or shared pointers to modules) as fsdp's units argument:
-/// `unison::torch::modules(model->blocks)`.
-template <class Range>
-std::vector<std::shared_ptr<::torch::nn::Module>> modules(const Range& range) {
-    std::vector<std::shared_ptr<::torch::nn::Module>> out;
-    for (const auto& m : range) {
-        if constexpr (requires { m.ptr(); }) {
-            out.push_back(std::static_pointer_cast<::torch::nn::Module>(m.ptr()));
-        } else {
-            out.push_back(std::static_pointer_cast<::torch::nn::Module>(m));
-        }
-    }
-    return out;
-}
-
-/// Runs `f` (a unit's forward: returns a tensor, a vector of tensors, or a tuple or
-/// pair of those) as unit `module` of the engine it belongs to, or just runs it
-/// when `module` is no engine's unit. Put it around each unit's forward call.
-template <class F>
-auto unit_forward(::torch::nn::Module& module, F&& f)
-    -> std::remove_cvref_t<std::invoke_result_t<F&>> {
-    using result = std::invoke_result_t<F&>;
-    static_assert(detail::unit_output<std::remove_cvref_t<result>>,
-                  "unison::torch::unit_forward: the unit's forward must return a tensor, a "
-                  "std::vector of tensors, or a std::tuple or std::pair of those");
-    const detail::unit_entry e = detail::unit_registry::instance().find(&module);
-    if (e.runner == nullptr) {
-        return std::invoke(f);
-    }
-    const bool recompute = detail::recomputing > 0;
-    e.runner->enter_forward(e.unit, recompute);
-    struct leave {
-        const detail::unit_entry& e;
-        bool recompute;
-        int exceptions = std::uncaught_exceptions();
-        bool hooked = false;
-        ~leave() noexcept(false) {
-            if (std::uncaught_exceptions() > exceptions || !hooked) {
-                e.runner->abandon_forward(e.unit, recompute);
-            } else {
-                e.runner->leave_forward(e.unit, recompute);
-            }
-        }
-    } scope{e, recompute};
-    std::remove_cvref_t<result> out = std::invoke(f);
-    detail::hook_outputs(e, out);
-    scope.hooked = true;
-    return out;
-}
 
 /// FSDP / ZeRO of one `torch::nn::Module` over communicator `C`, assembled from the
 /// policies of `unison::fsdp` (strategy, precision, optimizer type). Keeps the
@@ -440,32 +257,40 @@ private:
         : model_(std::move(model)), claim_(model_, "torch::fsdp"),
           placed_(device ? std::optional<unison::device>(device->location()) : std::nullopt),
           guard_(placed_), engine_(comm, std::move(options)) {
-        if (!model_) {
-            fail("the module is null");
-        }
-        claim_.agree(comm, unison::detail::placement{}); // before anything that can throw here
-        collect(units);
-        if (placed_) {
-            // The collectives below read the module on the communicator's stream:
-            // whatever produced it (module->to(...), initialization) must be done.
-            ::torch::cuda::synchronize(placed_->index);
-        }
-        synchronize_module();
+        detail::agree_to_start(comm, placed_, detail::local_checks([&] {
+                                   if (!model_) {
+                                       fail("the module is null");
+                                   }
+                                   claim_.check(comm.rank());
+                                   collect(units);
+                               }),
+                               "torch::fsdp");
         if (device) {
             (*device)(engine_); // before the first unit: its buffers are made there
         }
-        // From here the parameters follow the engine's memory: a failure puts every
-        // one back on its own values and removes what was hooked or registered.
+        const unison::detail::placement& place = engine_.parameters().placement();
+        detail::verify_module(comm, place, *model_, placed_, "torch::fsdp");
+        // From here the parameters follow the engine's memory. A failure puts every
+        // one back on its own tensor, with its own values and gradient (nothing
+        // writes them: rank 0's values reach the engine through memory of its
+        // own), and removes what was hooked or registered.
         try {
             register_units();
+            detail::construction_stage("registered");
             engine_.start();
+            detail::construction_stage("started");
             attach();
+            detail::construction_stage("attached");
+            // Last, once nothing local can fail: rank 0's frozen parameters and
+            // buffers, which stay the module's own, into every rank's module.
+            broadcast_module_state();
         } catch (...) {
             detach(/*restore_original=*/true);
             throw;
         }
-        for (slot& s : slots_) {
-            s.original = at::Tensor(); // the engine holds the values now
+        for (slot& s : slots_) { // the engine holds the values now
+            s.original = at::Tensor();
+            s.original_grad = at::Tensor();
         }
     }
 
@@ -474,13 +299,11 @@ private:
         at::Tensor param; ///< the module's parameter (the tensor the module holds)
         std::string name; ///< its name in the module
         std::vector<std::int64_t> shape;
-        std::size_t unit;    ///< index into units_
-        c10::Storage value;  ///< the parameter's storage: the engine's memory when bound
-        c10::Storage grad;   ///< its gradient's storage, bound inside backward
-        at::Tensor original; ///< its own values until construction succeeds
-        detail::accumulator_ptr accumulator;
-        std::uintptr_t hook_key = 0;
-        bool hooked = false;
+        std::size_t unit;         ///< index into units_
+        c10::Storage value;       ///< the parameter's storage: the engine's memory when bound
+        c10::Storage grad;        ///< its gradient's storage, bound inside backward
+        at::Tensor original;      ///< its own tensor until construction succeeds
+        at::Tensor original_grad; ///< and its gradient (undefined when it had none)
         parameter_handle handle;
     };
     struct unit_info {
@@ -576,9 +399,7 @@ private:
                                   detail::unowned_storage(p.device()),
                                   detail::unowned_storage(p.device()),
                                   p.detach(),
-                                  {},
-                                  0,
-                                  false,
+                                  p.grad(),
                                   {}});
         }
         for (std::size_t u = 1; u < units_.size(); ++u) {
@@ -590,14 +411,15 @@ private:
         }
     }
 
-    /// Checks that every rank built the same module, then copies rank 0's parameters
-    /// and buffers to every rank (PyTorch FSDP's sync_module_states).
-    void synchronize_module() {
+    /// Collective, the last step of construction: rank 0's frozen parameters and
+    /// buffers, which stay the module's own, into every rank's module (PyTorch
+    /// FSDP's sync_module_states; the trainable parameters reached the engine in
+    /// register_units).
+    void broadcast_module_state() {
         C& comm = engine_.communicator();
-        detail::verify_same_module(comm, unison::detail::placement{}, *model_, "torch::fsdp");
         ::torch::NoGradGuard no_grad;
-        for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-            at::Tensor d = item.value().detach();
+        for (const at::Tensor& p : frozen_) {
+            at::Tensor d = p.detach();
             broadcast(comm, d, 0);
         }
         for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
@@ -608,16 +430,32 @@ private:
         }
     }
 
+    /// Collective: hands each unit to the engine with rank 0's values, then points
+    /// the parameters at the engine's memory. The other ranks receive rank 0's
+    /// values in memory of their own, one unit at a time, so that no parameter's
+    /// own values change (a failed construction gives them back as they were);
+    /// on a GPU they reach the engine through a host copy, as add_unit takes them.
     void register_units() {
+        C& comm = engine_.communicator();
+        const ::torch::NoGradGuard no_grad;
         for (std::size_t u = 0; u < units_.size(); ++u) {
             if (units_[u].slots.empty()) {
                 continue; // a root without parameters of its own: forward() just runs
             }
+            std::vector<at::Tensor> initial;
+            initial.reserve(units_[u].slots.size());
+            for (const std::size_t i : units_[u].slots) {
+                const at::Tensor& p = slots_[i].param;
+                at::Tensor v = comm.rank() == 0 ? p.detach() : at::empty_like(p);
+                broadcast(comm, v, 0);
+                initial.push_back(v.is_cpu() ? v : v.to(at::kCPU));
+            }
             std::vector<typename engine_type::parameter> params;
             params.reserve(units_[u].slots.size());
-            for (const std::size_t i : units_[u].slots) {
+            for (std::size_t j = 0; j < units_[u].slots.size(); ++j) {
+                const std::size_t i = units_[u].slots[j];
                 params.emplace_back(
-                    slots_[i].name, slots_[i].param,
+                    slots_[i].name, initial[j],
                     [this, i](view<value_type> v, view<value_type> g) { bind(slots_[i], v, g); });
             }
             units_[u].handle = engine_.add_unit(params);
@@ -629,8 +467,7 @@ private:
         // binds those that stay resident). Each parameter's AccumulateGrad node is
         // made first: it records the parameter's shape, which must be the real one.
         for (slot& s : slots_) {
-            s.accumulator = ::torch::autograd::impl::grad_accumulator(s.param);
-            if (!s.accumulator) {
+            if (!hooks_.hold(s.param)) {
                 fail("parameter '" + s.name + "' has no gradient accumulator");
             }
             const unit_info& u = units_[s.unit];
@@ -687,21 +524,13 @@ private:
             units_[u].registered = true;
         }
         for (std::size_t i = 0; i < slots_.size(); ++i) {
-            slot& s = slots_[i];
-            s.hook_key = s.accumulator->add_post_hook(
-                std::make_unique<::torch::autograd::utils::LambdaPostHook>(
-                    [this, i](const ::torch::autograd::variable_list& outputs,
-                              const ::torch::autograd::variable_list&) {
-                        gradient_ready(i);
-                        return outputs;
-                    }));
-            s.hooked = true;
+            hooks_.install(i, [this, i] { gradient_ready(i); });
         }
     }
 
     /// Removes the hooks and the units. The parameters keep what they hold while
     /// resident; with `restore_original` (construction failed) each gets back its
-    /// values from before construction.
+    /// own tensor and gradient from before construction.
     void detach(bool restore_original) noexcept {
         detached_ = true;
         for (unit_info& u : units_) {
@@ -710,16 +539,16 @@ private:
                 u.registered = false;
             }
         }
+        hooks_.remove_all();
         for (slot& s : slots_) {
-            if (s.hooked) {
-                s.accumulator->del_post_hook(s.hook_key);
-                s.hooked = false;
-            }
             try {
                 detail::released_parameters::instance().remove(s.value.unsafeGetStorageImpl());
                 if (restore_original && s.original.defined()) {
                     detail::show_as(s.param, s.original);
-                } else if (s.value.data() != nullptr) { // resident: the module keeps its values
+                    s.param.mutable_grad() = s.original_grad;
+                    continue;
+                }
+                if (s.value.data() != nullptr) { // resident: the module keeps its values
                     detail::show_as(s.param, s.param.detach().clone());
                 } else { // released: empty, and no longer refused
                     detail::show_as(s.param,
@@ -855,6 +684,7 @@ private:
     std::shared_ptr<::torch::nn::Module> model_;
     detail::module_claim claim_; ///< no other engine drives these parameters
     std::vector<slot> slots_;
+    detail::gradient_hooks hooks_; ///< slot i's AccumulateGrad node is hooks_'s node i
     /// Slot of each trainable parameter (show_as keeps a tensor's TensorImpl).
     std::unordered_map<const c10::TensorImpl*, std::size_t> slot_of_;
     std::vector<unit_info> units_;

@@ -3,23 +3,18 @@
 /// \file
 /// One engine per parameter. Each wrapper claims every parameter of the module it
 /// drives when it is constructed, before anything moves (every rank learns whether
-/// any rank's claim failed, so all refuse together), and gives them back when it
-/// is destroyed. Two engines on one parameter would both point its gradient at
-/// memory of their own (DDP's buckets, the sharding engine's flat buffers) and
-/// reduce it twice or write freed memory.
+/// any rank's claim failed, so all refuse together: torch/detail/prologue.hpp),
+/// and gives them back when it is destroyed. Two engines on one parameter would
+/// both point its gradient at memory of their own (DDP's buckets, the sharding
+/// engine's flat buffers) and reduce it twice or write freed memory.
 
-#include "unison/comm/communicator.hpp"
 #include "unison/core/error.hpp"
-#include "unison/core/reduce_op.hpp"
-#include "unison/parallel/detail/control.hpp"
 
 #include <c10/core/TensorImpl.h>
 #include <torch/nn/module.h>
 
-#include <cstdint>
 #include <memory>
 #include <mutex>
-#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -81,7 +76,7 @@ private:
 class module_claim {
 public:
     /// Claims every parameter of `m` for an engine called `engine`, or remembers
-    /// why it cannot (see agree()). Claims nothing for a null module (the engine
+    /// why it cannot (see check()). Claims nothing for a null module (the engine
     /// refuses it).
     module_claim(const std::shared_ptr<::torch::nn::Module>& m, const char* engine)
         : engine_(engine) {
@@ -93,24 +88,12 @@ public:
     module_claim& operator=(const module_claim&) = delete;
     ~module_claim() { parameter_claims::instance().release(claimed_); }
 
-    /// Collective, before any other: throws argument_error on every rank when some
-    /// rank's claim failed (its own reason on that rank, the lowest such rank's
-    /// number on the others), so that no rank goes on into a collective the others
-    /// left. A module shared by the thread backend's ranks fails on all but one.
-    template <communicator C>
-    void agree(C& comm, const unison::detail::placement& place) const {
-        std::vector<std::int64_t> first{why_.empty() ? comm.size() : comm.rank()};
-        unison::detail::control_all_reduce(comm, place, std::span<std::int64_t>(first),
-                                           reduce_op::min);
+    /// Throws argument_error (from rank `rank`) when the claim failed: one of this
+    /// rank's local checks (torch/detail/prologue.hpp), which every rank hears of
+    /// before any collective moves data.
+    void check(int rank) const {
         if (!why_.empty()) {
-            throw argument_error(comm.rank(), engine_, why_);
-        }
-        if (first[0] < comm.size()) {
-            throw argument_error(comm.rank(), engine_,
-                                 "rank " + std::to_string(first[0]) +
-                                     " cannot take its module: another engine drives it there "
-                                     "(one engine per module; a module shared by several "
-                                     "ranks' engines counts)");
+            throw argument_error(rank, engine_, why_);
         }
     }
 
