@@ -29,10 +29,11 @@ namespace unison::test {
 namespace tm = torch_models;
 
 /// What a module holds, to compare after a failed construction: each parameter's
-/// tensor (identity), values, gradient and the post hooks on its AccumulateGrad
-/// node, and each buffer's values.
+/// tensor and memory (identity), values, gradient and its memory, and the post
+/// hooks on its AccumulateGrad node, and each buffer's values.
 struct module_snapshot {
     std::vector<const c10::TensorImpl*> identity;
+    std::vector<const void*> memory, grad_memory;
     std::vector<at::Tensor> values, grads, buffers;
     std::vector<std::size_t> hooks;
     /// The nodes, held so that the ones an engine hooked are the ones counted.
@@ -41,6 +42,8 @@ struct module_snapshot {
     explicit module_snapshot(const ::torch::nn::Module& m) {
         for (const at::Tensor& p : m.parameters()) {
             identity.push_back(p.unsafeGetTensorImpl());
+            memory.push_back(p.data_ptr());
+            grad_memory.push_back(p.grad().defined() ? p.grad().data_ptr() : nullptr);
             values.push_back(p.detach().clone());
             grads.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
             nodes.push_back(p.requires_grad() ? ::torch::autograd::impl::grad_accumulator(p)
@@ -64,6 +67,11 @@ struct module_snapshot {
             const at::Tensor& p = params[i];
             const std::string name = what + ": parameter #" + std::to_string(i);
             o.expect(p.unsafeGetTensorImpl() == identity[i], name + " is another tensor");
+            // Its own memory, not the engine's (which may hold equal values, then die).
+            o.expect(p.defined() && p.numel() > 0 && p.data_ptr() == memory[i],
+                     name + " is not on its own memory");
+            o.expect(!p.grad().defined() || p.grad().data_ptr() == grad_memory[i],
+                     name + "'s gradient is not on its own memory");
             o.expect(p.defined() && p.sizes() == want[i].sizes() && p.detach().equal(want[i]),
                      name + " lost its values");
             o.expect(p.grad().defined() == grads[i].defined() &&
@@ -146,13 +154,12 @@ void expect_failed_construction(C& comm, outcome& o, const std::string& what,
              what + ": the error should say '" + expected + "': " + error);
 }
 
-template <communicator C>
-void torch_fsdp_construction_cases(C& comm) {
-    using engine_type = torch::fsdp<C, policy::shard::full>;
-    outcome o;
+template <class... Policies, communicator C>
+void torch_fsdp_construction_case(C& comm, outcome& o, const std::string& label) {
+    using engine_type = torch::fsdp<C, Policies...>;
     const int faulty_checker = comm.size() > 1 ? 1 : -1;
     for (const std::string stage : {"checked", "registered", "started", "attached"}) {
-        const std::string what = "torch::fsdp failing at '" + stage + "'";
+        const std::string what = label + " failing at '" + stage + "'";
         auto model = module_with_state(comm.rank());
         const module_snapshot before(*model);
         expect_failed_construction(comm, o, what, stage, stage == "checked" ? faulty_checker : -1,
@@ -181,6 +188,31 @@ void torch_fsdp_construction_cases(C& comm) {
         engine.step();
         o.expect(!engine.full_state_dict().find("head.weight")->equal(*state.find("head.weight")),
                  what + ": the next engine does not train");
+    }
+}
+
+template <communicator C>
+void torch_fsdp_construction_cases(C& comm) {
+    outcome o;
+    // Parameters released between uses, and parameters resident from start().
+    torch_fsdp_construction_case<policy::shard::full>(comm, o, "torch::fsdp (full sharding)");
+    torch_fsdp_construction_case<policy::zero<1>>(comm, o, "torch::fsdp (ZeRO-1)");
+    {
+        // A buffer that no broadcast can move (bool) is refused on every rank
+        // before anything moves, not halfway through copying rank 0's state.
+        const std::string what = "torch::fsdp with a bool buffer";
+        auto model = module_with_state(comm.rank());
+        model->register_buffer("mask", at::ones({4}, at::kBool));
+        const module_snapshot before(*model);
+        try {
+            torch::fsdp<C, policy::shard::full> engine(comm, model, model->units(), {});
+            o.expect(false, what + ": accepted");
+        } catch (const argument_error& e) {
+            const std::string message = e.what();
+            o.expect(message.find("buffer 'mask' is Bool") != std::string::npos,
+                     what + ": the error should name the buffer: " + message);
+        }
+        before.expect_same(o, *model, what);
     }
     UNISON_CHECK_CASE(comm, "torch::fsdp: a failed construction leaves the module", o);
 }

@@ -14,7 +14,7 @@ device_setup<Engine> on_gpu(int dev) {
 }
 
 void attach_to_gpu(thread_communicator& comm, int dev) {
-    cuda::attach(comm, dev);
+    cuda::use_device(comm, dev);
 }
 
 template device_setup<ddp_engine<thread_communicator>> on_gpu(int);

@@ -102,6 +102,14 @@ void torch_device_refusals(C& comm, outcome& o, const std::string& kind, Make co
         },
         {"parameter 'w' is on cuda:1", "places the engine on cuda:0"}, applied, mem, before);
     expect_refused(
+        o, kind + ", a GPU module and its setup on a rank not placed on that GPU",
+        [&] {
+            auto m = std::make_shared<tagged_module>(mem, 0, false);
+            construct(m, recording_setup<engine_type>(0, applied));
+        },
+        {"places the engine on cuda:0", "this rank's communicator moves data on host"}, applied,
+        mem, before);
+    expect_refused(
         o, kind + ", a GPU module with a CPU buffer",
         [&] {
             auto m = std::make_shared<tagged_module>(mem, 0, true);

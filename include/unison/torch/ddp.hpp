@@ -22,7 +22,7 @@
 /// registers the module's parameters (those with `requires_grad`; frozen ones are
 /// only broadcast) and its buffers, and broadcasts rank `root`'s parameters and
 /// buffers. A failure before that broadcast leaves the module as it was; one after
-/// it leaves rank `root`'s values, each gradient in memory of its own and no hook.
+/// it leaves rank `root`'s values, each parameter the gradient it had, and no hook.
 /// It hooks each parameter's gradient accumulator, so a gradient's
 /// bucket is packed and reduced as soon as autograd has accumulated it into
 /// `p.grad()`, and it queues a callback that ends the step when backward finishes:
@@ -200,18 +200,21 @@ private:
         : module_(std::move(module)), options_(options), claim_(module_, "torch::ddp"),
           placed_(device ? std::optional<unison::device>(device->location()) : std::nullopt),
           guard_(placed_), engine_(comm, options_.engine()) {
-        detail::agree_to_start(comm, placed_, detail::local_checks([&] { check(comm); }),
-                               "torch::ddp");
-        if (device) {
-            (*device)(engine_); // before start(): the buckets are made there
-        }
+        const auto checks = [&] {
+            check(comm);
+            if (device) {
+                (*device)(engine_); // before start(): the buckets are made there
+            }
+        };
+        detail::agree_to_start(comm, detail::local_checks(checks), "torch::ddp");
         const unison::detail::placement& place = engine_.reducer().placement();
         detail::verify_module(comm, place, *module_, placed_, "torch::ddp");
         register_module();
         detail::construction_stage("registered");
         engine_.start(options_.root); // the layout check, then rank root's values everywhere
         detail::construction_stage("started");
-        // A failure from here removes the hooks and leaves no gradient in the buckets.
+        // A failure from here removes the hooks and gives each parameter back the
+        // gradient it had (not a view of a bucket that goes away with this object).
         try {
             install_hooks();
             detail::construction_stage("hooked");
@@ -220,9 +223,13 @@ private:
             }
             detail::construction_stage("pointed");
         } catch (...) {
-            release();
+            hooks_.remove_all();
+            for (std::size_t i = 0; i < params_.size(); ++i) {
+                params_[i].mutable_grad() = own_grads_[i]; // the gradient it had, if any
+            }
             throw;
         }
+        own_grads_.clear(); // the reducer holds the gradients from here
     }
 
     static constexpr bool in_buckets =
@@ -230,8 +237,8 @@ private:
     static constexpr bool unused_is_error = engine_type::reducer_type::config::unused::error;
 
     /// This rank's own checks, before anything moves (torch/detail/prologue.hpp):
-    /// the module, the root, the claim, and every tensor where the engine keeps
-    /// its state.
+    /// the module, the root, the claim, every tensor where the engine keeps its
+    /// state, and that state where the communicator moves data.
     void check(C& comm) {
         if (!module_) {
             fail("the module is null");
@@ -244,6 +251,7 @@ private:
         if (std::string why = detail::misplaced(*module_, placed_); !why.empty()) {
             fail(why);
         }
+        detail::check_placement(comm, placed_, "torch::ddp");
     }
 
     [[noreturn]] void fail(const std::string& detail) {
@@ -264,6 +272,7 @@ private:
             engine_.add_parameter(p, grad, item.key());
             params_.push_back(p);
             grads_.push_back(grad);
+            own_grads_.push_back(p.grad());
             names_.push_back(item.key());
         }
         for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
@@ -293,9 +302,6 @@ private:
     void release() noexcept {
         hooks_.remove_all();
         if constexpr (in_buckets) {
-            if (!pointed_) {
-                return; // each gradient is still the parameter's own
-            }
             for (std::size_t i = 0; i < params_.size(); ++i) {
                 try {
                     if (params_[i].grad().defined() && grads_[i].defined() &&
@@ -406,7 +412,6 @@ private:
     /// (again after the rebuild moves the buckets; the reducer carries the values
     /// over). An undefined one stays so until backward gives it a value.
     void point_gradients_at_buckets() {
-        pointed_ = true;
         for (std::size_t i = 0; i < params_.size(); ++i) {
             grads_[i] = at::for_blob(bucket_slot(i), params_[i].sizes())
                             .options(params_[i].options())
@@ -442,7 +447,8 @@ private:
     detail::backward_thread_guard guard_;
     engine_type engine_;
     std::vector<at::Tensor> params_;
-    std::vector<at::Tensor> grads_; ///< where the reducer reads and writes gradient i
+    std::vector<at::Tensor> grads_;     ///< where the reducer reads and writes gradient i
+    std::vector<at::Tensor> own_grads_; ///< each p.grad before construction, until it ends
     std::vector<std::string> names_;
     detail::gradient_hooks hooks_; ///< node i: parameter i's AccumulateGrad
     std::vector<std::uint8_t> marked_;
@@ -456,7 +462,6 @@ private:
     int no_sync_depth_ = 0;
     bool in_backward_ = false;
     bool synchronized_ = false;
-    bool pointed_ = false; ///< gradients_in_buckets: some p.grad may view a bucket
 };
 
 } // namespace unison::torch

@@ -38,8 +38,10 @@
 /// it. `full_state_dict()` and `save_full()` give the full values. A construction
 /// that fails leaves the module as it was: every parameter its own tensor, values
 /// and gradient (rank 0's values reach the engine through memory of its own), no
-/// hook, no unit registered, no claim; only a communication failure in the last
-/// step may leave some frozen parameters and buffers holding rank 0's values.
+/// hook, no unit registered, no claim (frozen parameters and buffers that a
+/// broadcast cannot move are refused up front); only a communication failure in
+/// the last step may leave some frozen parameters and buffers holding rank 0's
+/// values.
 ///
 /// Forward: entering a unit gathers its parameters (prefetching the next units)
 /// and points the module's parameters at them; leaving it releases them (when the
@@ -257,17 +259,18 @@ private:
         : model_(std::move(model)), claim_(model_, "torch::fsdp"),
           placed_(device ? std::optional<unison::device>(device->location()) : std::nullopt),
           guard_(placed_), engine_(comm, std::move(options)) {
-        detail::agree_to_start(comm, placed_, detail::local_checks([&] {
-                                   if (!model_) {
-                                       fail("the module is null");
-                                   }
-                                   claim_.check(comm.rank());
-                                   collect(units);
-                               }),
-                               "torch::fsdp");
-        if (device) {
-            (*device)(engine_); // before the first unit: its buffers are made there
-        }
+        const auto checks = [&] {
+            if (!model_) {
+                fail("the module is null");
+            }
+            claim_.check(comm.rank());
+            collect(units);
+            detail::check_placement(comm, placed_, "torch::fsdp");
+            if (device) {
+                (*device)(engine_); // before the first unit: its buffers are made there
+            }
+        };
+        detail::agree_to_start(comm, detail::local_checks(checks), "torch::fsdp");
         const unison::detail::placement& place = engine_.parameters().placement();
         detail::verify_module(comm, place, *model_, placed_, "torch::fsdp");
         // From here the parameters follow the engine's memory. A failure puts every
@@ -318,6 +321,18 @@ private:
 
     [[noreturn]] void fail(const std::string& detail) {
         throw argument_error(engine_.communicator().rank(), "torch::fsdp", detail);
+    }
+
+    /// Refuses `t` (a frozen parameter or a buffer, which construction copies from
+    /// rank 0 last) unless a broadcast can move it as it is: found here, every rank
+    /// refuses before anything moves, instead of failing halfway through the copies.
+    void refuse_unmovable(const std::string& what, const at::Tensor& t) {
+        if (!t.is_contiguous() || !dtype_from_torch(t.scalar_type())) {
+            fail(what + " is " + std::string(c10::toString(t.scalar_type())) +
+                 (t.is_contiguous() ? "" : ", not contiguous") +
+                 ": construction copies rank 0's to every rank, and unison moves contiguous "
+                 "tensors of its dtypes only (convert it, or keep it out of the module)");
+        }
     }
 
     /// Assigns every trainable parameter to the innermost unit that holds it.
@@ -377,6 +392,7 @@ private:
         for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
             const at::Tensor& p = item.value();
             if (!p.requires_grad()) {
+                refuse_unmovable("frozen parameter '" + item.key() + "'", p);
                 frozen_.push_back(p);
                 continue;
             }
@@ -401,6 +417,11 @@ private:
                                   p.detach(),
                                   p.grad(),
                                   {}});
+        }
+        for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
+            if (item.value().defined()) {
+                refuse_unmovable("buffer '" + item.key() + "'", item.value());
+            }
         }
         for (std::size_t u = 1; u < units_.size(); ++u) {
             units_[u].name = "unit #" + std::to_string(u - 1);

@@ -5,12 +5,14 @@
 /// values move, and the autograd hooks both put on its parameters.
 ///
 /// Construction runs in this order on every rank: the rank's own checks (the
-/// module claimed, the arguments, every tensor where the engine expects it),
-/// nothing collective; one small all-reduce in which every rank learns whether any
-/// rank's checks failed, so that all refuse together instead of some going on into
-/// a collective the others left; the engine's device setup; then, with the device
-/// idle, the check that every rank built the same module. Each wrapper then starts
-/// its engine and rolls back what it did if that fails.
+/// module claimed, the arguments, every tensor where the engine expects it, the
+/// device setup where the communicator moves data), nothing collective, then the
+/// engine's device setup (after the checks: a setup for a device that is not there
+/// must not fail before the check that says so); one small all-reduce in which
+/// every rank learns whether any rank's checks or setup failed, so that all refuse
+/// together instead of some going on into a collective the others left; then,
+/// with the device idle, the check that every rank built the same module. Each
+/// wrapper then starts its engine and rolls back what it did if that fails.
 
 #include "unison/comm/communicator.hpp"
 #include "unison/core/error.hpp"
@@ -54,8 +56,36 @@ inline void construction_stage(std::string_view stage) {
     }
 }
 
-/// Runs `checks` (this rank's own checks, nothing collective) and returns what
-/// they threw, for agree_to_start.
+/// Throws argument_error from `operation` unless `placed` (the device setup's GPU,
+/// none for a host engine) is where `comm` moves data: a communicator that moves
+/// device memory only needs a setup for its own GPU, and a thread backend rank on
+/// a GPU (cuda::use_device(comm, ...)) one for that GPU.
+template <communicator C>
+void check_placement(C& comm, const std::optional<unison::device>& placed, const char* operation) {
+    if constexpr (device_communicator<C>) {
+        const unison::device mine = comm.device_location();
+        if (!moves_host_memory<C> && !placed) {
+            throw argument_error(comm.rank(), operation,
+                                 "this communicator moves device memory only (" + to_string(mine) +
+                                     "): give the wrapper a device setup for that GPU "
+                                     "(cuda::on_device)");
+        }
+        if (placed && *placed != mine) {
+            throw argument_error(comm.rank(), operation,
+                                 "the device setup places the engine on " + to_string(*placed) +
+                                     "; this rank's communicator moves data on " + to_string(mine) +
+                                     " (cuda::use_device(comm, ...) for the thread backend)");
+        }
+    } else if (placed) {
+        throw argument_error(comm.rank(), operation,
+                             "the device setup places the engine on " + to_string(*placed) +
+                                 "; this communicator moves host memory only");
+    }
+}
+
+/// Runs `checks` (this rank's own checks, then anything else that may fail on
+/// one rank alone, such as applying a device setup; nothing collective) and
+/// returns what they threw, for agree_to_start.
 template <class F>
 std::exception_ptr local_checks(F&& checks) noexcept {
     try {
@@ -69,29 +99,19 @@ std::exception_ptr local_checks(F&& checks) noexcept {
 
 /// Collective, before any other of construction: throws on every rank when some
 /// rank's local checks failed (`failed`): that rank's own error there, on the
-/// others an argument_error from `operation` naming the lowest such rank. It runs
-/// before the engine's device setup is applied (a check it would fail, such as a
-/// device that is not there, must be reported as what it is), so with a
-/// communicator that moves device memory only it goes through a LibTorch tensor
-/// on `placed`, the device the setup names.
+/// others an argument_error from `operation` naming the lowest such rank. With a
+/// communicator that moves device memory only it goes through a LibTorch tensor on
+/// the communicator's own GPU, which every rank has whatever its checks found.
 template <communicator C>
-void agree_to_start(C& comm, const std::optional<unison::device>& placed, std::exception_ptr failed,
-                    const char* operation) {
+void agree_to_start(C& comm, std::exception_ptr failed, const char* operation) {
     std::int64_t first = failed ? comm.rank() : comm.size();
     if constexpr (moves_host_memory<C>) {
         std::vector<std::int64_t> v{first};
         all_reduce(comm, v, reduce_op::min);
         first = v[0];
     } else {
-        if (!placed) {
-            if (failed) {
-                std::rethrow_exception(failed);
-            }
-            throw argument_error(comm.rank(), operation,
-                                 "this communicator moves device memory only: give the wrapper "
-                                 "a device setup for the module's GPU (cuda::on_device)");
-        }
-        const c10::Device gpu(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(placed->index));
+        const c10::Device gpu(c10::DeviceType::CUDA,
+                              static_cast<c10::DeviceIndex>(comm.device_location().index));
         at::Tensor v = at::full({1}, first, at::kLong).to(gpu);
         all_reduce(comm, v, reduce_op::min); // blocking: done when it returns
         first = v.to(at::kCPU).item<std::int64_t>();
