@@ -17,7 +17,7 @@ struct thread_on_gpu {
     template <class F>
     static void run(F&& body) {
         thread::run([&](thread_communicator& comm) {
-            cuda::attach(comm, 0);
+            cuda::use_device(comm, 0);
             body(comm);
         });
     }

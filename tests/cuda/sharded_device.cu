@@ -1,5 +1,5 @@
 // ZeRO and FSDP on device memory: the thread backend with N ranks sharing one GPU
-// (unison::cuda::attach), sharded_parameters placed there (unison::cuda::use_device)
+// (unison::cuda::use_device), sharded_parameters placed there (unison::cuda::use_device)
 // and the partitioned optimizer's fused kernels, against the same training on the host
 // (whose equivalence with DDP and single-process training tests/sharded/ checks).
 // Gradients are deterministic random values per (step, rank, element); parameters
@@ -36,7 +36,7 @@ std::vector<std::vector<std::vector<double>>> train(int ranks, bool on_device, i
     thread_world(ranks).run([&](thread_communicator& comm) {
         cuda::stream compute;
         if (on_device) {
-            cuda::attach(comm, 0);
+            cuda::use_device(comm, 0);
         }
         SP sp(comm, {.shard_group_size = hybrid_group});
         if (on_device) {

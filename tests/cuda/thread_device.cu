@@ -27,7 +27,7 @@ using namespace unison;
 // (collectives.cu); this is a larger world of the reduction kernels.
 TEST_CASE("thread backend on device: all_reduce at 8 ranks, in place and out of place") {
     thread_world(8).run([](thread_communicator& comm) {
-        cuda::attach(comm, 0);
+        cuda::use_device(comm, 0);
         const int n = comm.size();
         for (dtype t : {dtype::f32, dtype::bf16, dtype::f16, dtype::f64, dtype::i32, dtype::u64}) {
             for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::max, reduce_op::prod}) {
@@ -72,7 +72,7 @@ TEST_CASE("thread backend on device: misuse is named before any data moves") {
                          doctest::Contains("no device is attached"), argument_error);
     // One rank passes host memory, the others device memory.
     CHECK_THROWS_WITH_AS(thread_world(3).run([](thread_communicator& comm) {
-        cuda::attach(comm, 0);
+        cuda::use_device(comm, 0);
         cuda::device_buffer<float> g(8, 0);
         std::vector<float> h(8, 1.0f);
         if (comm.rank() == 1) {
@@ -94,7 +94,7 @@ std::vector<std::vector<double>> run_ddp(int ranks, bool on_device, int steps,
     std::vector<std::vector<double>> result(static_cast<std::size_t>(ranks));
     thread_world(ranks).run([&](thread_communicator& comm) {
         if (on_device) {
-            cuda::attach(comm, 0);
+            cuda::use_device(comm, 0);
         }
         cuda::stream compute;
         std::vector<std::vector<float>> host(sizes.size());

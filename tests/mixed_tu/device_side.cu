@@ -61,7 +61,7 @@ std::vector<float> get(view<float> from, cudaStream_t s) {
 cudaStream_t place_rank(mixed::comm_type& comm, std::optional<cuda::stream>& compute,
                         bool on_device) {
     if (on_device) {
-        cuda::attach(comm, 0);
+        cuda::use_device(comm, 0);
         compute.emplace();
     }
     return compute ? compute->get() : nullptr;

@@ -9,7 +9,7 @@
 ///
 ///     #include <unison/thread/device.cuh>          // in a .cu file
 ///     unison::thread_world(4).run([](unison::thread_communicator& comm) {
-///         unison::cuda::attach(comm, 0);            // this rank: cuda:0, its own stream
+///         unison::cuda::use_device(comm, 0);        // this rank: cuda:0, its own stream
 ///         unison::cuda::device_buffer<float> g(n);
 ///         unison::all_reduce(comm, g);              // data on cuda:0
 ///     });
@@ -218,12 +218,19 @@ private:
 
 } // namespace detail
 
-/// Attaches CUDA device `dev` to this rank of a thread world: device data is then
-/// moved on `stream` (a new non-blocking stream owned by the communicator when
-/// null). Call it on every rank that passes device memory; communicators split
-/// from `comm` afterwards inherit the device and stream.
-inline void attach(thread_communicator& comm, int dev, cudaStream_t stream = nullptr) {
-    comm.attach_device(std::make_unique<detail::thread_device_mover>(dev, stream));
+/// Puts this rank of a thread world on CUDA device `dev` (the verb that puts the
+/// engines' state on a device too: parallel/device.cuh): device data is then moved
+/// on `stream` (a new non-blocking stream owned by the communicator when null).
+/// Call it on every rank that passes device memory; communicators split from
+/// `comm` afterwards inherit the device and stream.
+inline void use_device(thread_communicator& comm, int dev, cudaStream_t stream = nullptr) {
+    comm.install_device(std::make_unique<detail::thread_device_mover>(dev, stream));
+}
+
+/// The former name of use_device(comm, dev, stream).
+[[deprecated("unison::cuda::attach is now unison::cuda::use_device")]] inline void
+attach(thread_communicator& comm, int dev, cudaStream_t stream = nullptr) {
+    use_device(comm, dev, stream);
 }
 
 /// The stream a rank's device collectives run on (null when none is attached).

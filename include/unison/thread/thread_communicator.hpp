@@ -140,16 +140,21 @@ public:
         auto g = state_->split(color, key, new_rank);
         thread_communicator sub(std::move(g), new_rank, state_->options);
         if (state_->mover) {
-            sub.attach_device(state_->mover->clone());
+            sub.install_device(state_->mover->clone());
         }
         return sub;
     }
 
-    /// Device memory: installs the mover that moves it (unison::cuda::attach does).
-    /// Not while operations of this rank are in flight.
-    void attach_device(std::unique_ptr<detail::device_mover> m) {
+    /// Device memory: installs the mover that moves it (unison::cuda::use_device
+    /// does). Not while operations of this rank are in flight.
+    void install_device(std::unique_ptr<detail::device_mover> m) {
         state_->engine.drain();
         state_->mover = std::move(m);
+    }
+    /// The former name of install_device.
+    [[deprecated("thread_communicator::attach_device is now install_device")]] void
+    attach_device(std::unique_ptr<detail::device_mover> m) {
+        install_device(std::move(m));
     }
     /// Moves host memory always, device memory once attached (device_communicator).
     static constexpr bool moves_host_memory = true;

@@ -53,7 +53,7 @@ constexpr share share_of(std::size_t count, std::size_t elem, int ranks, int ran
 /// a third of the memory traffic (without them, 1.9-2.5x a local `c = a + b` at 4-64
 /// MiB out of place, with them 0.96-1.24x). In place, the lines were just read and
 /// are in cache, so plain stores win there and streaming is never used. Measured at
-/// 2 ranks: docs/performance.md, "All-reduce, 2 ranks, float, sum: thread backend".
+/// 2 ranks: docs/measurements.md, "All-reduce, 2 ranks, float, sum: thread backend".
 /// The tests build with 64 KiB to reach both paths at small sizes.
 #ifndef UNISON_THREAD_STREAMING_MIN_BYTES
 inline constexpr std::size_t streaming_min_bytes = std::size_t{1} << 20;

@@ -1,9 +1,11 @@
 #pragma once
 
 /// \file
-/// The dispatch step: turns user tensors into a validated `collective_call`.
-/// Every check here runs before any data moves, so a rejected call leaves the
-/// communicator usable.
+/// The validation step between the public collective functions and the backends:
+/// checks a call's user tensors and turns them into a `collective_call`. It decides
+/// nothing about how the call runs (each backend's tuning file does). Every check
+/// here runs before any data moves, so a rejected call leaves the communicator
+/// usable.
 
 #include "unison/comm/collective.hpp"
 #include "unison/core/error.hpp"

@@ -90,7 +90,7 @@ struct placement {
         throw argument_error(comm.rank(), operation,
                              "the data is on " + to_string(ops->location()) +
                                  " and the communicator moves no device memory (attach the "
-                                 "thread backend with unison::cuda::attach, or use the NCCL "
+                                 "thread backend with unison::cuda::use_device, or use the NCCL "
                                  "backend)");
     }
 };

@@ -3,7 +3,7 @@
 /// \file
 /// The thread backend's hook for device memory. thread_communicator.hpp is a host
 /// header and launches nothing; a `device_mover`, attached to a rank by
-/// `unison::cuda::attach` (unison/thread/device.cuh, compiled by nvcc), owns the
+/// `unison::cuda::use_device` (unison/thread/device.cuh, compiled by nvcc), owns the
 /// rank's CUDA stream and events and enqueues the rank's share of each collective
 /// as kernels and device copies that read the peers' buffers.
 ///

@@ -80,7 +80,7 @@ public:
             throw argument_error(rank, to_string(call.op),
                                  "the data is on " + to_string(call.location) +
                                      " and no device is attached to this thread communicator: "
-                                     "call unison::cuda::attach(comm, device) (from "
+                                     "call unison::cuda::use_device(comm, device) (from "
                                      "unison/thread/device.cuh, in a .cu file) first");
         }
         if (call.location.index != mover->device()) {
@@ -162,7 +162,7 @@ public:
     const comm_options options;
     std::uint64_t sequence = 0; ///< collectives issued so far
     p2p_endpoint p2p;           ///< sends and recvs
-    /// Moves device data (unison::cuda::attach); declared before the engine so that
+    /// Moves device data (unison::cuda::use_device); declared before the engine so that
     /// the engine's thread has stopped before it is destroyed.
     std::unique_ptr<device_mover> mover;
     progress_engine engine;
