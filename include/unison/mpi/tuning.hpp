@@ -3,7 +3,7 @@
 /// \file
 /// The MPI backend's tuning: which algorithm carries an all-reduce, a reduce_scatter
 /// or an all_gather of a given size over a given number of ranks. Every threshold is
-/// defined here, once, with the measurement behind it (docs/performance.md, "All-
+/// defined here, once, with the measurement behind it (docs/measurements.md, "All-
 /// reduce at scale", has the tables and the commands that reproduce them); the
 /// backend asks `mpi_all_reduce_algorithm`, `mpi_reduce_scatter_algorithm` and
 /// `mpi_all_gather_algorithm` and nothing else. `comm_options::all_reduce_algorithm`
@@ -53,16 +53,17 @@ namespace unison::mpi_tuning {
 // ring's extra messages.
 
 // ---- Measured on one node, for real: Open MPI 4.1 over shared memory at 2
-// processes (docs/performance.md, "MPI all-reduce"). Recursive doubling's staging
-// copies cost more than the ring's second step from 64 KiB, and the ring, whose
-// sends read straight from the tensors, matches MPI_Allreduce there.
+// processes (docs/measurements.md, "All-reduce, 2 processes, float, sum: MPI
+// backend vs raw MPI_Allreduce"). Recursive doubling's staging copies cost more
+// than the ring's second step from 64 KiB, and the ring, whose sends read straight
+// from the tensors, matches MPI_Allreduce there.
 
 /// Up to this many ranks on one node: recursive doubling, then the ring.
 inline constexpr int node_ring_max_ranks = 3;
 /// ... from this many bytes.
 inline constexpr std::size_t node_ring_min_bytes = 64 * 1024;
 
-// ---- Measured in simulation (bench/simulation/simulate.sh; docs/performance.md,
+// ---- Measured in simulation (bench/simulation/simulate.sh; docs/measurements.md,
 // "All-reduce at scale": a flat cluster, nodes of 8 ranks and a fat tree, links of
 // 12.5 GB/s and 2 us, 2 to 64 ranks): the smallest all-reduce for which
 // Rabenseifner beat recursive doubling. Two ranks on two nodes: never (both move
@@ -125,7 +126,7 @@ constexpr bool rank_ordered_direct(std::size_t bytes, int ranks) noexcept {
 // its owner, folded there: one step, but n - 1 messages per rank); MPI's own after
 // the check (native).
 //
-// Measured in simulation (docs/performance.md, "reduce_scatter and all_gather at
+// Measured in simulation (docs/measurements.md, "reduce_scatter and all_gather at
 // scale"; 4 to 32 ranks, 1 KiB to 4 MiB in all): over several nodes, with n a power
 // of two, the halving was 0.25-1.05x MPI's best at every size, where the direct
 // exchange and native were 1.3-2.5x at 1-8 KiB (their separate check) and 2.9-3.5x
@@ -180,7 +181,7 @@ constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, bool one_node) 
 // steps, each rank's block passed on to the next rank, straight into the outputs)
 // or MPI's own (native).
 //
-// Measured in simulation (docs/performance.md, "reduce_scatter and all_gather at
+// Measured in simulation (docs/measurements.md, "reduce_scatter and all_gather at
 // scale"; 4 to 32 ranks on the three clusters): recursive doubling was 1.02-1.09x
 // MPI's best at 1-8 KiB across nodes where native was 1.44-2.59x; at 64 KiB and
 // more it was sometimes far behind (1.81-2.22x at 32 ranks on nodes of 8, where
@@ -270,8 +271,8 @@ constexpr algorithm all_reduce_by_size(std::size_t bytes, int ranks, bool one_no
 }
 
 // ---- Several nodes of several ranks each, measured in simulation (nodes of 8
-// ranks sharing one NIC, 16 to 64 ranks: 2 to 8 nodes; docs/performance.md,
-// "All-reduce at scale"). Every step of recursive doubling sends every rank's whole
+// ranks sharing one NIC, 16 to 64 ranks: 2 to 8 nodes; docs/measurements.md,
+// "Nodes of several ranks: the two-level all-reduce"). Every step of recursive doubling sends every rank's whole
 // buffer, and from the step at distance (ranks per node) on, all of a node's
 // messages cross its NIC at once; the two-level schedule sends one per node, for
 // 2 log2(ranks per node) more steps inside the node. Over MPI's best: recursive

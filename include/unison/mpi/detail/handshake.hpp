@@ -114,7 +114,7 @@ inline constexpr std::size_t mpi_header_bytes = sizeof(mpi_call_header);
 /// header, and the rest follows in a second. Transports send a message up to some
 /// size at once and a larger one only after a round trip: Open MPI over shared
 /// memory sends 4 KiB including its own headers, so there the header must not push
-/// a 4 KiB all-reduce past it (measured: 3x slower at 4 KiB; docs/performance.md),
+/// a 4 KiB all-reduce past it (measured: 3x slower at 4 KiB; docs/measurements.md),
 /// and a 4 KiB call takes two messages. Other MPIs send more at once (MPICH's
 /// shared-memory cells hold 64 KiB; SimGrid's SMPI as the simulation sets it, 64
 /// KiB), and there a step of up to 16000 bytes is one message (in simulation, 4

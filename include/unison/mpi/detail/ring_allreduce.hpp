@@ -35,7 +35,7 @@ namespace unison::detail {
 /// (segments), so that every count fits MPI's int. Chunks below it go whole: cutting
 /// them finer (256 KiB) so that reducing one segment overlapped receiving the next
 /// measured 4-9% slower than one message per step over shared memory, and no faster
-/// over TCP (docs/performance.md).
+/// over TCP (docs/measurements.md).
 inline constexpr std::size_t mpi_ring_segment_bytes = mpi_message_max_bytes;
 
 /// A coalesced all-reduce's tensors under this many bytes are copied into one staging
@@ -126,7 +126,7 @@ public:
     /// the receive and the reduction): over shared memory the peer copies this rank's
     /// chunk straight out of its memory (Open MPI's single-copy transfers), and
     /// reducing while that copy still ran made the whole all-reduce 4-15% slower
-    /// than raw MPI_Allreduce in place (docs/performance.md). Over a network a step's
+    /// than raw MPI_Allreduce in place (docs/measurements.md). Over a network a step's
     /// send and receive are the same size and end together, so little overlap is lost.
     bool progress() {
         const int n = size_;
