@@ -107,8 +107,7 @@ void torch_device_refusals(C& comm, outcome& o, const std::string& kind, Make co
             auto m = std::make_shared<tagged_module>(mem, 0, false);
             construct(m, recording_setup<engine_type>(0, applied));
         },
-        {"places the engine on cuda:0", "this rank's communicator moves data on host"}, applied,
-        mem, before);
+        {"places the engine on cuda:0", "this rank's communicator moves"}, applied, mem, before);
     expect_refused(
         o, kind + ", a GPU module with a CPU buffer",
         [&] {

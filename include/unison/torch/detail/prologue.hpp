@@ -79,7 +79,7 @@ void check_placement(C& comm, const std::optional<unison::device>& placed, const
     } else if (placed) {
         throw argument_error(comm.rank(), operation,
                              "the device setup places the engine on " + to_string(*placed) +
-                                 "; this communicator moves host memory only");
+                                 "; this rank's communicator moves host memory only");
     }
 }
 
