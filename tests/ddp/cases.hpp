@@ -50,6 +50,22 @@ struct test_gradients {
     std::vector<double> extra; // the f64 gradient, last
 };
 
+/// Element `i` of gradient `g`: in the test's own vectors, or inside the reducer's
+/// bucket where the reducer holds the gradients (policy::gradients_in_buckets).
+template <class Reducer>
+float& gradient_at(Reducer& reducer, std::vector<std::vector<float>>& grads, std::size_t g,
+                   std::size_t i) {
+    if constexpr (Reducer::config::gradient_memory::in_buckets) {
+        return reducer.template gradient<float>(g).data[i];
+    } else {
+        return grads[g][i];
+    }
+}
+
+/// The default hook under another type: the reducer then copies the gradients into
+/// buckets instead of reducing between them.
+struct copying_hook : all_reduce_hook {};
+
 /// How the expected value of one element is formed from the ranks' values.
 enum class expect_kind { average, sum };
 
@@ -204,6 +220,15 @@ void reducer_policy_cases(C& comm) {
     reducer_average_case<bucketed_reducer<C, gradients_in_buckets>, double>(
         comm, 1e-15 * n, expect_kind::average, true, false, "gradients_in_buckets + predivide 4",
         {.predivide_factor = 4.0});
+    reducer_average_case<bucketed_reducer<C, gradients_in_buckets>, float>(
+        comm, 4e-7 * n * n, expect_kind::sum, true, false, "gradients_in_buckets + sum",
+        {.average = false});
+    // A hook of its own over gradients in buckets: the reducer cannot fuse the
+    // division into the reduction, so it divides after the hook completes.
+    reducer_average_case<
+        bucketed_reducer<C, gradients_in_buckets, comm_hook<compress_hook<dtype::bf16>>>, float>(
+        comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, true, false,
+        "gradients_in_buckets + compress_hook<bf16> + predivide 2", {.predivide_factor = 2.0});
     // bf16 keeps 8 significant bits: each input and each partial sum rounds by 2^-9
     // relative, partial sums reach n in magnitude.
     reducer_average_case<bucketed_reducer<C, mixed_precision<dtype::f32, dtype::bf16>>, float>(
@@ -301,7 +326,8 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
                    bool skip3) {
         for (std::size_t g = grads.size(); g-- > 0;) {
             for (std::size_t i = 0; i < grads[g].size(); ++i) {
-                grads[g][i] = static_cast<float>(grad_value(seed, step, rank, g, i));
+                gradient_at(reducer, grads, g, i) =
+                    static_cast<float>(grad_value(seed, step, rank, g, i));
             }
             if ((g == 2 && skip2 && rank == 0) || (g == 3 && skip3)) {
                 continue; // never marked: its stale values must not leak into the result
@@ -309,8 +335,8 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
             reducer.mark_ready(g);
         }
     };
-    auto expect = [&](std::vector<std::vector<float>>& grads, int step, bool skip2, bool skip3,
-                      const std::string& what) {
+    auto expect = [&](auto& reducer, std::vector<std::vector<float>>& grads, int step, bool skip2,
+                      bool skip3, const std::string& what) {
         for (std::size_t g = 0; g < grads.size(); ++g) {
             for (std::size_t i = 0; i < grads[g].size(); ++i) {
                 double expected = 0.0;
@@ -319,10 +345,10 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
                     expected += used ? grad_value(seed, step, r, g, i) : 0.0;
                 }
                 expected /= n;
-                o.expect(std::abs(grads[g][i] - expected) <= 4e-7 * n, [&] {
+                const float got = gradient_at(reducer, grads, g, i);
+                o.expect(std::abs(got - expected) <= 4e-7 * n, [&] {
                     return what + ": gradient " + std::to_string(g) + "[" + std::to_string(i) +
-                           "] = " + std::to_string(grads[g][i]) + ", expected " +
-                           std::to_string(expected);
+                           "] = " + std::to_string(got) + ", expected " + std::to_string(expected);
                 });
             }
         }
@@ -332,17 +358,26 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
         for (std::size_t s : reducer_sizes) {
             grads.emplace_back(s, 0.0f);
         }
-        bucketed_reducer<C, unused_as_zero> reducer(
-            comm, {.bucket_bytes = 65536, .first_bucket_bytes = 4096});
-        for (auto& g : grads) {
-            reducer.add(g);
-        }
-        reducer.start();
-        for (int step = 0; step < 3; ++step) {
-            run(reducer, grads, step, true, true);
-            (void)reducer.finish();
-            expect(grads, step, true, true, "unused_as_zero step " + std::to_string(step));
-        }
+        auto three_steps = [&](auto& reducer, const std::string& what) {
+            for (auto& g : grads) {
+                reducer.add(g);
+            }
+            reducer.start();
+            for (int step = 0; step < 3; ++step) {
+                run(reducer, grads, step, true, true);
+                (void)reducer.finish();
+                expect(reducer, grads, step, true, true, what + " step " + std::to_string(step));
+            }
+        };
+        const ddp_options small{.bucket_bytes = 65536, .first_bucket_bytes = 4096};
+        bucketed_reducer<C, unused_as_zero> in_place(comm, small);
+        three_steps(in_place, "unused_as_zero");
+        // Each path writes the zeros of an unused gradient its own way: into the
+        // bucket copy, into the gradient itself, or into the bucket that holds it.
+        bucketed_reducer<C, unused_as_zero, comm_hook<copying_hook>> packed(comm, small);
+        three_steps(packed, "unused_as_zero, packed");
+        bucketed_reducer<C, unused_as_zero, gradients_in_buckets> held(comm, small);
+        three_steps(held, "unused_as_zero, gradients_in_buckets");
     }
     {
         std::vector<std::vector<float>> grads;
@@ -364,12 +399,82 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
                      std::string("the error does not name the parameter: ") + e.what());
         }
         o.expect(threw == (rank == 0), "unused_is_error threw on the wrong ranks");
-        expect(grads, 0, true, false, "unused_is_error (reductions completed before the error)");
+        expect(reducer, grads, 0, true, false,
+               "unused_is_error (reductions completed before the error)");
         run(reducer, grads, 1, false, false); // the next full step works on every rank
         (void)reducer.finish();
-        expect(grads, 1, false, false, "unused_is_error, step after the error");
+        expect(reducer, grads, 1, false, false, "unused_is_error, step after the error");
     }
     UNISON_CHECK_CASE(comm, "unused parameters", o);
+}
+
+/// A gradient rebound after start() (a framework that reallocates its gradients) is
+/// read and written in its new memory from then on, and its old memory is left
+/// alone, on each path that reduces the gradients' own memory or copies from it.
+template <communicator C>
+void reducer_rebind_case(C& comm, std::uint64_t seed = 51) {
+    using namespace unison::policy;
+    const int n = comm.size();
+    const int rank = comm.rank();
+    outcome o;
+    auto check = [&](auto& reducer, const std::string& what) {
+        std::vector<std::vector<float>> first, second;
+        for (std::size_t s : reducer_sizes) {
+            first.emplace_back(s, 0.0f);
+            second.emplace_back(s, 0.0f);
+        }
+        for (auto& g : first) {
+            reducer.add(g);
+        }
+        reducer.start();
+        std::vector<std::vector<float>> kept; // `first` after step 0
+        for (int step = 0; step < 3; ++step) {
+            if (step == 1) { // after the rebuild; every other gradient moves
+                kept = first;
+                for (std::size_t g = 1; g < first.size(); g += 2) {
+                    reducer.rebind(g, second[g]);
+                }
+            }
+            auto grad = [&](std::size_t g) -> std::vector<float>& {
+                return step > 0 && g % 2 == 1 ? second[g] : first[g];
+            };
+            for (std::size_t g = first.size(); g-- > 0;) {
+                for (std::size_t i = 0; i < grad(g).size(); ++i) {
+                    grad(g)[i] = static_cast<float>(grad_value(seed, step, rank, g, i));
+                }
+                reducer.mark_ready(g);
+            }
+            (void)reducer.finish();
+            for (std::size_t g = 0; g < first.size(); ++g) {
+                for (std::size_t i = 0; i < first[g].size(); ++i) {
+                    double expected = 0.0;
+                    for (int r = 0; r < n; ++r) {
+                        expected += grad_value(seed, step, r, g, i);
+                    }
+                    expected /= n;
+                    const float got = grad(g)[i];
+                    o.expect(std::abs(got - expected) <= 4e-7 * n, [&] {
+                        return what + " step " + std::to_string(step) + ": gradient " +
+                               std::to_string(g) + "[" + std::to_string(i) +
+                               "] = " + std::to_string(got) + ", expected " +
+                               std::to_string(expected);
+                    });
+                    if (step > 0 && g % 2 == 1) {
+                        o.expect(first[g][i] == kept[g][i], [&] {
+                            return what + " step " + std::to_string(step) + ": gradient " +
+                                   std::to_string(g) + "'s old memory was written after rebind";
+                        });
+                    }
+                }
+            }
+        }
+    };
+    const ddp_options small{.bucket_bytes = 65536, .first_bucket_bytes = 4096};
+    bucketed_reducer<C> in_place(comm, small);
+    check(in_place, "rebind, reduced in place");
+    bucketed_reducer<C, comm_hook<copying_hook>> packed(comm, small);
+    check(packed, "rebind, packed");
+    UNISON_CHECK_CASE(comm, "rebind", o);
 }
 
 /// join: rank r has data for 2 + r steps; every rank keeps stepping until the last

@@ -23,6 +23,10 @@ TEST_CASE_TEMPLATE_DEFINE("ddp: gradient accumulation communicates once per wind
 TEST_CASE_TEMPLATE_DEFINE("ddp: unused parameters", Backend, ddp_unused) {
     Backend::run([](auto& comm) { unison::test::reducer_unused_cases(comm); });
 }
+TEST_CASE_TEMPLATE_DEFINE("ddp: a rebound gradient is reduced in its new memory", Backend,
+                          ddp_rebind) {
+    Backend::run([](auto& comm) { unison::test::reducer_rebind_case(comm); });
+}
 TEST_CASE_TEMPLATE_DEFINE("ddp: join with uneven inputs", Backend, ddp_join) {
     Backend::run([](auto& comm) { unison::test::reducer_join_case(comm); });
 }
@@ -46,6 +50,7 @@ TEST_CASE_TEMPLATE_DEFINE("ddp: a rank that skips a step is caught at the step's
     TEST_CASE_TEMPLATE_INVOKE(ddp_policies, Backend);                                              \
     TEST_CASE_TEMPLATE_INVOKE(ddp_accumulation, Backend);                                          \
     TEST_CASE_TEMPLATE_INVOKE(ddp_unused, Backend);                                                \
+    TEST_CASE_TEMPLATE_INVOKE(ddp_rebind, Backend);                                                \
     TEST_CASE_TEMPLATE_INVOKE(ddp_join, Backend);                                                  \
     TEST_CASE_TEMPLATE_INVOKE(ddp_misuse, Backend);                                                \
     TEST_CASE_TEMPLATE_INVOKE(ddp_training, Backend);                                              \
