@@ -35,7 +35,7 @@ grep -q '^unison\[' "$err" && fail "lines of unison's with UNISON_LOG=off"
 UNISON_LOG=info trains "$ddp" -t 2 || fail "UNISON_LOG=info failed"
 has '^unison\[rank 0\] info: thread_communicator made: rank 0 of 2, '
 has '^unison\[rank 1\] info: thread_communicator made: rank 1 of 2, '
-has '^unison\[rank [01]\] info: bucketed_reducer: [0-9]+ buckets for [0-9]+ gradients \(first bucket [0-9]+ B, then [0-9]+ B\): [0-9]+ x float = [0-9]+ B'
+has '^unison\[rank [01]\] info: bucketed_reducer: [0-9]+ buckets for [0-9]+ gradients on the [a-z_]+ path \(first bucket [0-9]+ B, then [0-9]+ B\): [0-9]+ x float = [0-9]+ B'
 grep -q ' debug: ' "$err" && fail "debug lines at info"
 
 UNISON_LOG=DEBUG trains "$ddp" -t 2 || fail "UNISON_LOG=DEBUG failed"

@@ -49,6 +49,11 @@
 #include "unison/core/timeline.hpp"
 #include "unison/ddp/detail/bucket_plan.hpp"
 #include "unison/ddp/detail/config.hpp"
+#include "unison/ddp/detail/paths/coalesced.hpp"
+#include "unison/ddp/detail/paths/device_packed.hpp"
+#include "unison/ddp/detail/paths/in_buckets.hpp"
+#include "unison/ddp/detail/paths/packed.hpp"
+#include "unison/ddp/detail/paths/path.hpp"
 #include "unison/ddp/hooks.hpp"
 #include "unison/ddp/options.hpp"
 #include "unison/ddp/policies.hpp"
@@ -67,6 +72,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace unison {
@@ -158,8 +164,8 @@ public:
             fail("rebind", "gradient '" + e.name + "' rebound while its reduction is in flight");
         }
         e.grad = b;
-        if (started_ && place_.on_device()) {
-            make_plans(buckets_[e.bucket]);
+        if (started_) {
+            on_path([&](auto& p) { p.rebound(state(), e); });
         }
     }
 
@@ -172,24 +178,12 @@ public:
         }
         check_placement();
         verify_layout();
-        coalesced_ = false;
-        if constexpr (coalescing) {
-            coalesced_ = !place_.on_device() && location().is_host() &&
-                         std::all_of(entries_.begin(), entries_.end(),
-                                     [](const entry& e) { return e.grad.type == e.bucket_type; }) &&
-                         !gradients_overlap();
-        }
+        path_ = choose_path();
         std::vector<std::size_t> order(entries_.size());
         for (std::size_t k = 0; k < order.size(); ++k) {
             order[k] = order.size() - 1 - k;
         }
-        build(order, /*carry_values=*/false);
-        if constexpr (config::gradient_memory::in_buckets) {
-            for (entry& e : entries_) {
-                place_.scale_cast(slot(e), e.bucket_type, e.grad.data, e.grad.type, e.grad.count);
-            }
-            place_.synchronize(); // the caller may free or reuse its gradients now
-        }
+        build(order);
         started_ = true;
     }
 
@@ -280,19 +274,18 @@ public:
         } catch (...) {
             failure = std::current_exception();
         }
-        const double post = post_scale();
+        const detail::step_scales scales = this_step();
         for (std::size_t k = 0; k < buckets_.size(); ++k) {
-            bucket& b = buckets_[k];
-            if (!b.request) {
+            if (!requests_[k]) {
                 continue;
             }
             try {
-                b.request->wait();
+                requests_[k]->wait();
                 if (!failure) {
                     if constexpr (detail::completing_hook<hook_type>) {
                         hook_.complete(ref(k));
                     }
-                    unpack(b, post);
+                    on_path([&](auto& p) { p.finish(state(), k, scales); });
                 }
                 trace_bucket(k, 'e', failure ? "not unpacked" : nullptr);
             } catch (...) {
@@ -359,7 +352,7 @@ public:
                                  std::string(to_string(e.bucket_type)) + ", asked for " +
                                  std::string(to_string(dtype_of<T>)));
         }
-        return view<T>{static_cast<T*>(slot(e)), e.grad.count, e.grad.location};
+        return view<T>{reinterpret_cast<T*>(slot(e)), e.grad.count, e.grad.location};
     }
     /// Bumped whenever bucket memory moves (at the rebuild).
     std::uint64_t layout_version() const noexcept { return layout_version_; }
@@ -369,7 +362,7 @@ public:
     /// Registration indices per bucket, in launch order.
     std::vector<std::vector<std::size_t>> bucket_layout() const {
         std::vector<std::vector<std::size_t>> layout;
-        for (const bucket& b : buckets_) {
+        for (const detail::reducer_bucket& b : buckets_) {
             layout.push_back(b.members);
         }
         return layout;
@@ -389,9 +382,14 @@ public:
     /// Backward passes finished (finish() calls, accumulating ones included).
     std::uint64_t passes() const noexcept { return stamped_.step(); }
 
+    /// How buckets move their values (ddp/detail/paths/); chosen by start().
+    reducer_path data_path() const noexcept {
+        return std::visit([](const auto& p) { return p.kind; }, path_);
+    }
     /// Whether the buckets reduce straight between the gradients, with no bucket
-    /// memory and no copies in or out (see `coalescing`); known after start().
-    bool coalesced() const noexcept { return coalesced_; }
+    /// memory and no copies in or out (ddp/detail/paths/coalesced.hpp); known after
+    /// start().
+    bool coalesced() const noexcept { return started_ && data_path() == reducer_path::coalesced; }
 
     /// Where the gradients live (host, or the CUDA device of all of them).
     device location() const noexcept {
@@ -401,47 +399,47 @@ public:
     const detail::placement& placement() const noexcept { return place_; }
 
 private:
-    /// Copied gradients with the default hook, over a communicator that reduces
-    /// tensors in place as one buffer (all_reduce_coalesced: the thread and MPI
-    /// backends): a bucket is then reduced straight between its gradients, so
-    /// neither the copy into the bucket nor the one back (with the division, fused
-    /// into the reduction as avg where it is one) costs a pass over memory, and
-    /// buckets need no memory of their own. Host gradients each already in the
-    /// reduce dtype only; the others are packed as before. Hooks see a bucket, so a
-    /// custom hook packs too.
+    /// Whether the coalesced path can be chosen (ddp/detail/paths/coalesced.hpp):
+    /// copied gradients with the default hook, over a communicator that reduces
+    /// pieces in place as one buffer (the thread and MPI backends).
     static constexpr bool coalescing = !config::gradient_memory::in_buckets &&
                                        std::is_same_v<hook_type, all_reduce_hook> &&
                                        reduces_coalesced<step_communicator_type>;
+    /// The paths this reducer's policies and communicator allow; start() picks one.
+    using path_type = std::conditional_t<
+        config::gradient_memory::in_buckets, std::variant<detail::in_buckets_path>,
+        std::conditional_t<
+            coalescing,
+            std::variant<detail::packed_path, detail::coalesced_path, detail::device_packed_path>,
+            std::variant<detail::packed_path, detail::device_packed_path>>>;
+    using entry = detail::reducer_entry;
+    using bucket = detail::reducer_bucket;
 
-    struct entry {
-        buffer grad;
-        std::string name;
-        dtype bucket_type = dtype::f32;
-        std::size_t bucket = 0;
-        std::size_t offset = 0; // elements into the bucket
-        bool ready = false;     // marked in this step (or micro-batch)
-        bool zero = false;      // device gradients: contributes zero this step
-    };
-    /// Device gradients: pack (grads -> bucket) and unpack (bucket -> grads) tables,
-    /// one pair per gradient dtype among a bucket's members.
-    struct device_plans {
-        dtype grad_type;
-        std::unique_ptr<detail::device_plan> pack, unpack;
-    };
-    struct bucket {
-        dtype type = dtype::f32;
-        std::vector<std::size_t> members;
-        std::size_t count = 0;
-        detail::flat_buffer storage; ///< where the gradients are
-        std::vector<device_plans> plans;
-        std::size_t pending = 0;
-        bool any_zero = false;      ///< a member contributes zero this step
-        bool averaged = false;      ///< reduced with avg: nothing left to divide
-        std::vector<buffer> pieces; ///< coalesced: the members' gradients, in order
-        std::optional<request_type> request;
-        std::uint64_t trace_id = 0; ///< its reduction's span on the timeline, while open
-        std::byte* data() const noexcept { return storage.data(); }
-    };
+    path_type choose_path() const {
+        if constexpr (config::gradient_memory::in_buckets) {
+            return detail::in_buckets_path{};
+        } else {
+            if (place_.on_device()) {
+                return detail::device_packed_path{};
+            }
+            if constexpr (coalescing) {
+                if (detail::coalesced_path::applies(entries_, place_)) {
+                    return detail::coalesced_path{};
+                }
+            }
+            return detail::packed_path{};
+        }
+    }
+    template <class F>
+    decltype(auto) on_path(F&& f) {
+        return std::visit(std::forward<F>(f), path_);
+    }
+    detail::path_state state() const noexcept {
+        return detail::path_state{entries_, buckets_, place_, location()};
+    }
+    detail::step_scales this_step() const noexcept {
+        return detail::step_scales{pre_scale(), post_scale(), divides_by_size()};
+    }
 
     /// The timeline (core/timeline.hpp): bucket `k` became ready, was launched, or
     /// was reduced and unpacked (`outcome`: how it ended otherwise).
@@ -492,13 +490,11 @@ private:
         }
         return entries_[i];
     }
-    void* slot(const entry& e) const noexcept {
-        return buckets_[e.bucket].data() + e.offset * size_of(e.bucket_type);
+    std::byte* memory(std::size_t k) const {
+        return std::visit([k](const auto& p) { return p.memory(k); }, path_);
     }
-    bucket_ref ref(std::size_t k) {
-        bucket& b = buckets_[k];
-        return bucket_ref{k, buffer{b.data(), b.count, b.type, location()}, b.members};
-    }
+    std::byte* slot(const entry& e) const { return detail::slot(memory(e.bucket), e); }
+    bucket_ref ref(std::size_t k) const { return detail::bucket_view(state(), k, memory(k)); }
 
     /// Device gradients need the device kernels, on their own device; host ones none.
     void check_placement() const {
@@ -523,33 +519,14 @@ private:
     void make_ready(std::size_t i, bool zero) {
         entry& e = entries_[i];
         e.ready = true;
+        e.zero = zero;
         if (!rebuilt_) {
             ready_order_.push_back(i);
         }
-        if (place_.on_device()) {
-            // Packed per bucket at launch (one kernel); zeros written then too.
-            buckets_[e.bucket].any_zero = buckets_[e.bucket].any_zero || zero;
-            e.zero = zero;
-        } else if (coalesced_) {
-            // Reduced where it is; the result overwrites it in any case.
-            if (zero) {
-                detail::fill_zero(e.grad.data, e.grad.type, e.grad.count);
-            } else if (pre_scale() != 1.0) {
-                detail::convert_scale(e.grad.data, e.grad.type, e.grad.data, e.grad.type,
-                                      e.grad.count, pre_scale());
-            }
-        } else if (zero) {
-            detail::fill_zero(slot(e), e.bucket_type, e.grad.count);
-        } else if constexpr (config::gradient_memory::in_buckets) {
-            if (pre_scale() != 1.0) {
-                detail::convert_scale(slot(e), e.bucket_type, slot(e), e.bucket_type, e.grad.count,
-                                      pre_scale());
-            }
-        } else {
-            detail::convert_scale(slot(e), e.bucket_type, e.grad.data, e.grad.type, e.grad.count,
-                                  pre_scale());
-        }
-        if (--buckets_[e.bucket].pending == 0) {
+        bucket& b = buckets_[e.bucket];
+        b.any_zero = b.any_zero || zero;
+        on_path([&](auto& p) { p.ready(state(), e, this_step()); });
+        if (--b.pending == 0) {
             trace_bucket(e.bucket, 'r');
         }
     }
@@ -558,54 +535,9 @@ private:
         while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
             const std::size_t k = next_launch_++;
             trace_bucket(k, 'b');
-            if constexpr (coalescing) {
-                if (coalesced_) {
-                    launch_coalesced(buckets_[k]);
-                    continue;
-                }
-            }
-            if constexpr (config::gradient_memory::in_buckets &&
-                          std::is_same_v<hook_type, all_reduce_hook>) {
-                if (!place_.on_device()) {
-                    // The default hook's sum with the division fused in, where it is
-                    // by the number of ranks alone: no pass over the bucket after.
-                    bucket& b = buckets_[k];
-                    b.averaged = divides_by_size();
-                    b.request = all_reduce_async(stamped_, ref(k).data,
-                                                 b.averaged ? reduce_op::avg : reduce_op::sum);
-                    continue;
-                }
-            }
-            if (place_.on_device()) {
-                pack_on_device(k);
-            }
-            request_type r = hook_.launch(stamped_, ref(k));
-            buckets_[k].request = std::move(r);
+            requests_[k] = on_path(
+                [&](auto& p) { return p.launch(state(), k, stamped_, hook_, this_step()); });
         }
-    }
-
-    /// The bucket's gradients, reduced in place as one buffer; with avg when the
-    /// division after it would be by the number of ranks alone.
-    void launch_coalesced(bucket& b) {
-        if constexpr (coalescing) {
-            b.pieces.clear();
-            for (std::size_t g : b.members) {
-                b.pieces.push_back(entries_[g].grad);
-            }
-            b.averaged = divides_by_size();
-            b.request = all_reduce_coalesced_async(stamped_, std::span<const buffer>(b.pieces),
-                                                   b.averaged ? reduce_op::avg : reduce_op::sum);
-        }
-    }
-
-    /// Whether two registered gradients share memory (one tensor registered twice):
-    /// packing reads each into its own slot, a reduction in place would not.
-    bool gradients_overlap() const {
-        std::vector<buffer> grads;
-        for (const entry& e : entries_) {
-            grads.push_back(e.grad);
-        }
-        return detail::any_overlap(grads);
     }
 
     /// Whether this step's division after the sum is by the number of ranks alone,
@@ -617,36 +549,8 @@ private:
 
     /// Drives progress of the oldest reductions in flight (MPI progresses inside test()).
     void poll() {
-        while (next_poll_ < next_launch_ && buckets_[next_poll_].request->test()) {
+        while (next_poll_ < next_launch_ && requests_[next_poll_]->test()) {
             ++next_poll_;
-        }
-    }
-
-    void unpack(bucket& b, double post) {
-        if (place_.on_device()) {
-            unpack_on_device(b, post);
-            return;
-        }
-        if (coalesced_) {
-            if (!b.averaged && post != 1.0) {
-                for (const buffer& g : b.pieces) {
-                    detail::convert_scale(g.data, g.type, g.data, g.type, g.count, post);
-                }
-            }
-            return;
-        }
-        for (std::size_t g : b.members) {
-            entry& e = entries_[g];
-            void* src = slot(e);
-            if constexpr (config::gradient_memory::in_buckets) {
-                if (post != 1.0 && !b.averaged) {
-                    detail::convert_scale(src, e.bucket_type, src, e.bucket_type, e.grad.count,
-                                          post);
-                }
-            } else {
-                detail::convert_scale(e.grad.data, e.grad.type, src, e.bucket_type, e.grad.count,
-                                      post);
-            }
         }
     }
 
@@ -658,8 +562,10 @@ private:
         for (std::size_t k = 0; k < buckets_.size(); ++k) {
             trace_bucket(k, 'e', "dropped"); // only a span still open: none after finish
         }
+        for (std::optional<request_type>& r : requests_) {
+            r.reset();
+        }
         for (bucket& b : buckets_) {
-            b.request.reset();
             b.pending = b.members.size();
             b.any_zero = false;
         }
@@ -669,9 +575,9 @@ private:
         contributing_ = 0;
     }
 
-    /// Lays the buckets out in `order`; with `carry_values`, the gradients' values
-    /// move from the old buckets to the new ones.
-    void build(const std::vector<std::size_t>& order, bool carry_values) {
+    /// Lays the buckets out in `order` (no reduction in flight); the path takes
+    /// memory for them, and where it holds the gradients, carries their values over.
+    void build(const std::vector<std::size_t>& order) {
         std::vector<std::size_t> counts;
         std::vector<dtype> types;
         for (const entry& e : entries_) {
@@ -691,36 +597,25 @@ private:
                 placed[g].offset = b.count;
                 b.count += entries_[g].grad.count;
             }
-            if (!coalesced_) {
-                b.storage = detail::flat_buffer(b.count * size_of(b.type), place_);
-            }
             b.pending = b.members.size();
         }
-        if (carry_values) {
-            for (std::size_t g = 0; g < entries_.size(); ++g) {
-                const entry& from = entries_[g];
-                const entry& to = placed[g];
-                place_.scale_cast(fresh[to.bucket].data() + to.offset * size_of(to.bucket_type),
-                                  to.bucket_type, slot(from), from.bucket_type, from.grad.count);
-            }
-            place_.synchronize(); // the old buckets are freed below
-        }
+        const bool again = started_; // start() lays out first, the rebuild again
+        std::vector<entry> before = again ? std::move(entries_) : std::vector<entry>{};
         buckets_ = std::move(fresh);
         entries_ = std::move(placed);
-        if (place_.on_device()) {
-            for (bucket& b : buckets_) {
-                make_plans(b);
-            }
-        }
+        requests_.clear();
+        requests_.resize(buckets_.size());
+        on_path([&](auto& p) { p.lay_out(state(), before); });
         ++layout_version_;
-        log(log_level::info, comm_->rank(), [&] { return describe_layout(carry_values); });
+        log(log_level::info, comm_->rank(), [&] { return describe_layout(again); });
     }
 
     /// UNISON_LOG=info: the bucket plan just laid out.
     std::string describe_layout(bool rebuilt) const {
         std::string s = std::string("bucketed_reducer: ") + (rebuilt ? "rebuilt " : "") +
                         std::to_string(buckets_.size()) + " buckets for " +
-                        std::to_string(entries_.size()) + " gradients (first bucket " +
+                        std::to_string(entries_.size()) + " gradients on the " +
+                        std::string(to_string(data_path())) + " path (first bucket " +
                         std::to_string(options_.first_bucket_bytes) + " B, then " +
                         std::to_string(options_.bucket_bytes) + " B):";
         for (std::size_t k = 0; k < buckets_.size(); ++k) {
@@ -730,74 +625,6 @@ private:
                  std::to_string(b.count * size_of(b.type)) + " B";
         }
         return s;
-    }
-
-    /// Device gradients: bucket k's members become its bucket slots, one kernel per
-    /// gradient dtype among them; zero contributions are written after; then the
-    /// communicator's stream waits for the compute stream.
-    void pack_on_device(std::size_t k) {
-        bucket& b = buckets_[k];
-        detail::device_ops& ops = *place_.ops;
-        const double pre = pre_scale();
-        if constexpr (config::gradient_memory::in_buckets) {
-            if (pre != 1.0) {
-                ops.scale_cast(b.data(), b.type, b.data(), b.type, b.count, pre, false);
-            }
-        } else if (!b.any_zero) {
-            for (const device_plans& p : b.plans) {
-                ops.multi_scale_cast(*p.pack, b.type, p.grad_type, pre);
-            }
-        } else {
-            for (std::size_t g : b.members) {
-                const entry& e = entries_[g];
-                if (!e.zero) {
-                    ops.scale_cast(slot(e), e.bucket_type, e.grad.data, e.grad.type, e.grad.count,
-                                   pre, false);
-                }
-            }
-        }
-        for (std::size_t g : b.members) {
-            const entry& e = entries_[g];
-            if (e.zero) {
-                place_.zero(slot(e), e.bucket_type, e.grad.count);
-            }
-        }
-        place_.order_before(*comm_, "bucketed_reducer");
-    }
-
-    void unpack_on_device(bucket& b, double post) {
-        detail::device_ops& ops = *place_.ops;
-        if constexpr (config::gradient_memory::in_buckets) {
-            if (post != 1.0) {
-                ops.scale_cast(b.data(), b.type, b.data(), b.type, b.count, post, false);
-            }
-        } else {
-            for (const device_plans& p : b.plans) {
-                ops.multi_scale_cast(*p.unpack, p.grad_type, b.type, post);
-            }
-        }
-    }
-
-    void make_plans(bucket& b) {
-        b.plans.clear();
-        std::vector<dtype> types;
-        for (std::size_t g : b.members) {
-            if (std::find(types.begin(), types.end(), entries_[g].grad.type) == types.end()) {
-                types.push_back(entries_[g].grad.type);
-            }
-        }
-        for (dtype t : types) {
-            std::vector<kernels::copy_piece> pack, unpack;
-            for (std::size_t g : b.members) {
-                const entry& e = entries_[g];
-                if (e.grad.type == t) {
-                    pack.push_back({e.grad.data, slot(e), e.grad.count});
-                    unpack.push_back({slot(e), e.grad.data, e.grad.count});
-                }
-            }
-            b.plans.push_back({t, place_.ops->plan(std::span<const kernels::copy_piece>(pack)),
-                               place_.ops->plan(std::span<const kernels::copy_piece>(unpack))});
-        }
     }
 
     /// Rebuilds the buckets from rank 0's observed ready order, once.
@@ -814,7 +641,7 @@ private:
             seen[static_cast<std::size_t>(g)] = true;
             chosen.push_back(static_cast<std::size_t>(g));
         }
-        build(chosen, config::gradient_memory::in_buckets);
+        build(chosen);
         ready_order_.clear();
         ready_order_.shrink_to_fit();
         rebuilt_ = true;
@@ -874,8 +701,9 @@ private:
     detail::placement place_;
     std::vector<entry> entries_;
     std::vector<bucket> buckets_;
+    path_type path_; ///< the buckets' memory: declared before the requests that use it
+    std::vector<std::optional<request_type>> requests_; ///< per bucket, while in flight
     std::vector<std::size_t> ready_order_;
-    bool coalesced_ = false; ///< see `coalescing`; decided at start()
     std::size_t next_launch_ = 0;
     std::size_t next_poll_ = 0;
     int micro_step_ = 0;

@@ -9,8 +9,33 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace unison {
+
+/// How a bucketed_reducer moves a bucket's values, chosen at start() from its
+/// policies, its communicator and where the gradients are
+/// (`bucketed_reducer::data_path()`; ddp/detail/paths/ has one file per path).
+enum class reducer_path {
+    packed,        ///< host gradients copied into bucket memory and back
+    coalesced,     ///< host gradients reduced where they are, no bucket memory
+    in_buckets,    ///< policy::gradients_in_buckets: the bucket is the gradient
+    device_packed, ///< device gradients packed into buckets by kernels and back
+};
+
+constexpr std::string_view to_string(reducer_path p) noexcept {
+    switch (p) {
+    case reducer_path::packed:
+        return "packed";
+    case reducer_path::coalesced:
+        return "coalesced";
+    case reducer_path::in_buckets:
+        return "in_buckets";
+    case reducer_path::device_packed:
+        return "device_packed";
+    }
+    return "?";
+}
 
 struct ddp_options {
     /// Buckets close once they hold at least this many bytes (in the reduce dtype).
