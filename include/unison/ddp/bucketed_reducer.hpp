@@ -599,13 +599,17 @@ private:
             }
             b.pending = b.members.size();
         }
+        // The path lays out the new buckets (reading the old ones where it carries
+        // values) or throws having changed nothing; then nothing left can throw.
+        std::vector<std::optional<request_type>> requests(fresh.size());
         const bool again = started_; // start() lays out first, the rebuild again
-        std::vector<entry> before = again ? std::move(entries_) : std::vector<entry>{};
+        const detail::path_state next{placed, fresh, place_, location()};
+        on_path([&](auto& p) {
+            p.lay_out(next, again ? std::span<const entry>(entries_) : std::span<const entry>());
+        });
         buckets_ = std::move(fresh);
         entries_ = std::move(placed);
-        requests_.clear();
-        requests_.resize(buckets_.size());
-        on_path([&](auto& p) { p.lay_out(state(), before); });
+        requests_ = std::move(requests);
         ++layout_version_;
         log(log_level::info, comm_->rank(), [&] { return describe_layout(again); });
     }

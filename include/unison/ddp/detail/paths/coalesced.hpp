@@ -43,13 +43,15 @@ public:
     }
 
     void lay_out(const path_state& now, std::span<const reducer_entry> /*before*/) {
-        pieces_.assign(now.buckets.size(), {});
-        averaged_.assign(now.buckets.size(), false);
+        std::vector<std::vector<buffer>> pieces(now.buckets.size());
         for (std::size_t k = 0; k < now.buckets.size(); ++k) {
             for (std::size_t g : now.buckets[k].members) {
-                pieces_[k].push_back(now.entries[g].grad);
+                pieces[k].push_back(now.entries[g].grad);
             }
         }
+        std::vector<bool> averaged(now.buckets.size(), false);
+        pieces_ = std::move(pieces);
+        averaged_ = std::move(averaged);
     }
     std::byte* memory(std::size_t) const noexcept { return nullptr; }
 

@@ -27,12 +27,13 @@ public:
     static constexpr reducer_path kind = reducer_path::device_packed;
 
     void lay_out(const path_state& now, std::span<const reducer_entry> /*before*/) {
-        storage_ = bucket_storage(now); // the values stay in the gradients
-        plans_.clear();
-        plans_.resize(now.buckets.size());
+        std::vector<flat_buffer> storage = bucket_storage(now); // values stay in the gradients
+        std::vector<std::vector<dtype_plans>> plans;
         for (std::size_t k = 0; k < now.buckets.size(); ++k) {
-            make_plans(now, k);
+            plans.push_back(make_plans(now, k, storage[k].data()));
         }
+        storage_ = std::move(storage);
+        plans_ = std::move(plans);
     }
     std::byte* memory(std::size_t k) const noexcept { return storage_[k].data(); }
 
@@ -74,7 +75,9 @@ public:
         }
     }
 
-    void rebound(const path_state& s, const reducer_entry& e) { make_plans(s, e.bucket); }
+    void rebound(const path_state& s, const reducer_entry& e) {
+        plans_[e.bucket] = make_plans(s, e.bucket, memory(e.bucket));
+    }
 
 private:
     /// Pack (gradients -> bucket) and unpack (bucket -> gradients) tables for the
@@ -84,10 +87,11 @@ private:
         std::unique_ptr<device_plan> pack, unpack;
     };
 
-    void make_plans(const path_state& s, std::size_t k) {
+    /// The tables of bucket `k`, whose memory is `data`.
+    static std::vector<dtype_plans> make_plans(const path_state& s, std::size_t k,
+                                               std::byte* data) {
         const reducer_bucket& b = s.buckets[k];
-        std::vector<dtype_plans>& plans = plans_[k];
-        plans.clear();
+        std::vector<dtype_plans> plans;
         std::vector<dtype> types;
         for (std::size_t g : b.members) {
             if (std::find(types.begin(), types.end(), s.entries[g].grad.type) == types.end()) {
@@ -99,7 +103,7 @@ private:
             for (std::size_t g : b.members) {
                 const reducer_entry& e = s.entries[g];
                 if (e.grad.type == t) {
-                    void* at = slot(memory(k), e);
+                    void* at = slot(data, e);
                     pack.push_back({e.grad.data, at, e.grad.count});
                     unpack.push_back({at, e.grad.data, e.grad.count});
                 }
@@ -107,6 +111,7 @@ private:
             plans.push_back({t, s.place.ops->plan(std::span<const kernels::copy_piece>(pack)),
                              s.place.ops->plan(std::span<const kernels::copy_piece>(unpack))});
         }
+        return plans;
     }
 
     std::vector<flat_buffer> storage_;

@@ -28,6 +28,7 @@ public:
     /// reuse its own); a later one carries them over from the layout `before`.
     void lay_out(const path_state& now, std::span<const reducer_entry> before) {
         std::vector<flat_buffer> fresh = bucket_storage(now);
+        std::vector<bool> averaged(now.buckets.size(), false);
         for (std::size_t g = 0; g < now.entries.size(); ++g) {
             const reducer_entry& e = now.entries[g];
             void* to = slot(fresh[e.bucket].data(), e);
@@ -41,7 +42,7 @@ public:
         }
         now.place.synchronize(); // before the old buckets (or the caller's gradients) go
         storage_ = std::move(fresh);
-        averaged_.assign(now.buckets.size(), false);
+        averaged_ = std::move(averaged);
     }
     std::byte* memory(std::size_t k) const noexcept { return storage_[k].data(); }
 

@@ -24,8 +24,9 @@
 /// A path is a movable class with
 ///
 ///     static constexpr reducer_path kind;
-///     // The buckets were laid out (again): take memory for them. `before` is the
-///     // previous layout's entries, empty the first time.
+///     // The buckets are laid out (again) as `now` says: take memory for them.
+///     // `before` is the current layout's entries, empty the first time. Either
+///     // done, or throws having changed nothing.
 ///     void lay_out(const path_state& now, std::span<const reducer_entry> before);
 ///     std::byte* memory(std::size_t bucket) const;      // null: no bucket memory
 ///     // Entry `e` became ready (e.zero: it contributes zero).
