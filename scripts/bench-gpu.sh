@@ -26,7 +26,7 @@ echo "== all_reduce, NCCL backend, 1 GPU"
 bash scripts/mpiexec.sh -n 1 build/gpu/bench/unison-bench -B nccl -b 8 -e 256M -f 2
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     echo "== PyTorch peer: AdamW(fused=True), foreach, copy"
-    python3 bench/torch_kernels.py
+    python3 bench/peers/torch_kernels.py
 else
-    echo "(torch with CUDA is not importable here: bench/torch_kernels.py skipped)"
+    echo "(torch with CUDA is not importable here: bench/peers/torch_kernels.py skipped)"
 fi

@@ -32,7 +32,7 @@ echo
 echo "== bus bandwidth plot of both runs and raw MPI: $out/busbw-2-ranks.png"
 python=python3 # the one with Debian's python3-matplotlib where python3 is another
 python3 -c 'import matplotlib' 2>/dev/null || python=/usr/bin/python3
-"$python" bench/plot_busbw.py "$out/busbw-thread.json:unison, thread backend" \
+"$python" bench/bandwidth/plot_busbw.py "$out/busbw-thread.json:unison, thread backend" \
     "$out/busbw-mpi.json:unison, MPI backend" --baseline raw-mpi -o "$out/busbw-2-ranks.png"
 echo
 echo "== one DDP gradient synchronization (200 tensors, 25.9 M floats), thread backend, 2 ranks"

@@ -8,7 +8,7 @@ packages=(cmake g++ make git pkg-config clang-format
           mpich libmpich-dev # the MPI backend under MPICH too (Open MPI stays the default)
           libgloo-dev # the Gloo backend (CPU jobs without MPI)
           doctest-dev libbenchmark-dev libeigen3-dev libxxhash-dev
-          libtorch-dev python3-torch python3-matplotlib # bench/plot_busbw.py
+          libtorch-dev python3-torch python3-matplotlib # bench/bandwidth/plot_busbw.py
           libopenblas0-pthread # LibTorch's matrix products: ~20x the reference BLAS
           libsimgrid-dev) # bench/simulation: the MPI backend on simulated clusters
 

@@ -29,7 +29,7 @@
 // all_gather, which posts MPI_Iallgather after the check), and `us` for the row
 // algorithm "mpi" is the MPI call's time.
 
-#include "../bench_config.hpp"
+#include "../common/bench_config.hpp"
 
 #include <unison/comm/collectives.hpp>
 #include <unison/mpi/mpi_communicator.hpp>

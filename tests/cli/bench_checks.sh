@@ -5,7 +5,7 @@
 #   PROGRAM  the unison-bench binary (for gbench_unknown_flag: any Google
 #            Benchmark program; for simulation: bench/simulation/simulate.sh)
 #   ARGS     mpi cases: scripts/mpiexec.sh; gloo_torchrun: torchrun;
-#            simulation: its build directory and bench/cost_model.py
+#            simulation: its build directory and bench/training/cost_model.py
 # Exits 0 when the case holds, 1 (saying what) when not, 77 when skipped.
 set -uo pipefail
 case_name=$1
@@ -210,7 +210,7 @@ simulation() {
         echo "$more"
         ! grep -q ',wrong$' <<<"$more" && [ "$(grep -c ',ok$' <<<"$more")" -eq 24 ] || return 1
     done
-    # bench/cost_model.py mirrors the tuning's rules: the algorithms it would pick are
+    # bench/training/cost_model.py mirrors the tuning's rules: the algorithms it would pick are
     # the ones the C++ tuning ran.
     if command -v python3 >/dev/null; then
         echo "$out" >"$build/rows.csv"
@@ -218,7 +218,7 @@ simulation() {
     fi
 }
 
-# bench/plot_busbw.py: tests/cli/plot_busbw_check.py checks the PNG, its title, the
+# bench/bandwidth/plot_busbw.py: tests/cli/plot_busbw_check.py checks the PNG, its title, the
 # median and band of several runs, --log-y and its input errors; skipped (77) where
 # no python3 on the way has matplotlib (scripts/install-deps.sh installs Debian's).
 # ARGS: plot_busbw_check.py, plot_busbw.py.

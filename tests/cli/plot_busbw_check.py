@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/plot_busbw.py against unison-bench's -J files: the PNG it writes, its
+"""bench/bandwidth/plot_busbw.py against unison-bench's -J files: the PNG it writes, its
 title, the median and band of several runs (against a hand computation from the
 files), its log-scale option, and its errors for input that does not fit.
 

@@ -2,8 +2,8 @@
 """PyTorch FSDP2 on examples/fsdp_transformer's model: the reference for its step
 time and memory (docs/performance.md, "fsdp_transformer against PyTorch FSDP2").
 
-    python3 bench/torch_fsdp_transformer.py              # 2 processes, gloo, CPU
-    python3 bench/torch_fsdp_transformer.py --plain      # 1 process, no FSDP
+    python3 bench/peers/torch_fsdp_transformer.py              # 2 processes, gloo, CPU
+    python3 bench/peers/torch_fsdp_transformer.py --plain      # 1 process, no FSDP
 
 The model is the example's, layer for layer: token and learned position
 embeddings, pre-LayerNorm blocks (causal multi-head self-attention through a

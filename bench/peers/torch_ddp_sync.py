@@ -2,8 +2,8 @@
 """PyTorch's gradient synchronization on the parameters of model_shapes.json, the
 reference for unison-ddp-bench (same tensors, same units).
 
-    python3 bench/torch_ddp_sync.py                 # 2 processes, gloo, CPU
-    python3 bench/torch_ddp_sync.py -n 50 --format json
+    python3 bench/peers/torch_ddp_sync.py                 # 2 processes, gloo, CPU
+    python3 bench/peers/torch_ddp_sync.py -n 50 --format json
 
 Two processes are started with torch.multiprocessing.spawn and meet over gloo on
 127.0.0.1. The module has one parameter per entry of model_shapes.json (same
@@ -269,8 +269,8 @@ def main():
                         help="DDP's bucket_cap_mb [25]")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads per process [1]")
-    parser.add_argument("--shapes", default=os.path.join(HERE, "model_shapes.json"),
-                        help="the parameter list [bench/model_shapes.json]")
+    parser.add_argument("--shapes", default=os.path.join(HERE, "..", "training", "model_shapes.json"),
+                        help="the parameter list [bench/training/model_shapes.json]")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     args = parser.parse_args()
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]

@@ -2,9 +2,9 @@
 
 /// \file
 /// The parameter list of the gradient-synchronization benchmarks. The list itself
-/// lives in bench/model_shapes.json, the one source for unison-ddp-bench (which
+/// lives in bench/training/model_shapes.json, the one source for unison-ddp-bench (which
 /// builds it in at configure time, see bench/CMakeLists.txt) and for
-/// bench/torch_ddp_sync.py. The file is a JSON object whose "tensors" array holds
+/// bench/peers/torch_ddp_sync.py. The file is a JSON object whose "tensors" array holds
 /// {"name": string, "shape": [positive integers]} objects in registration (forward)
 /// order; other keys are ignored.
 

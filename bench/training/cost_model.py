@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """A per-call cost model of data-parallel gradient synchronization: predicts one
-synchronization of bench/model_shapes.json's gradients as one all-reduce per
+synchronization of bench/training/model_shapes.json's gradients as one all-reduce per
 tensor, in buckets, and as one flat all-reduce, from an all-reduce sweep.
 
     mpiexec -n 2 --mca btl self,tcp unison-bench -B mpi -b 8 -e 32M -f 4 --format csv > sweep.csv
-    python3 bench/cost_model.py sweep.csv
-    python3 bench/cost_model.py --latency-us 5 --gbps 12.5      # a network given by hand
+    python3 bench/training/cost_model.py sweep.csv
+    python3 bench/training/cost_model.py --latency-us 5 --gbps 12.5      # a network given by hand
 
 Model: one all-reduce of s bytes costs  t(s) = a + s / b  (a: the per-call latency,
 b: the effective bandwidth, algbw), fitted to the sweep's out-of-place times by
@@ -51,8 +51,8 @@ twice (forward and backward) and reduce-scatters its gradients. Calls run one
 after another and compute is left out: these are the step's communication
 times, the floor a step approaches when backward hides nothing.
 
-    python3 bench/cost_model.py --scale --latency-us 2 --gbps 12.5
-    python3 bench/cost_model.py --scale --check sim.csv    # a and b fitted to the
+    python3 bench/training/cost_model.py --scale --latency-us 2 --gbps 12.5
+    python3 bench/training/cost_model.py --scale --check sim.csv    # a and b fitted to the
                                                            # simulation's smallest N,
                                                            # checked at the others
 
@@ -373,7 +373,7 @@ def check_against_simulation(path, t, ranks_fit, drift_only=False):
 
 
 def scale(args):
-    t = read_tuning(os.path.join(HERE, "..", "include", "unison", "mpi", "tuning.hpp"))
+    t = read_tuning(os.path.join(HERE, "..", "..", "include", "unison", "mpi", "tuning.hpp"))
     if args.check:
         net = check_against_simulation(args.check, t, args.fit_ranks, args.drift_only)
     elif args.latency_us is not None and args.gbps is not None:

@@ -37,6 +37,8 @@
 #if UNISON_HAS_MPI()
 #include <unison/mpi.hpp>
 
+#include "check_mpi.hpp"
+
 #include <mpi.h>
 #endif
 
@@ -785,16 +787,6 @@ int run_gloo_ranks(const bench_config& cfg) {
 // --------------------------------------------------------------------- MPI backend
 
 #if UNISON_HAS_MPI()
-
-/// Throws when an MPI call of the benchmark itself fails.
-void check_mpi(int rc, const char* what) {
-    if (rc != MPI_SUCCESS) {
-        char text[MPI_MAX_ERROR_STRING] = {};
-        int len = 0;
-        MPI_Error_string(rc, text, &len);
-        throw std::runtime_error(std::string(what) + " failed: " + text);
-    }
-}
 
 /// The control plane of the MPI runs: plain MPI, as nccl-tests does it.
 struct mpi_control {

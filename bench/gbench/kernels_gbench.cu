@@ -153,7 +153,7 @@ void fill_random(T* p, std::size_t n, std::uint32_t seed, cudaStream_t stream, f
 
 /// The gradients the pack, unpack and norm benchmarks move: the parameters of
 /// `layers` GPT-style transformer layers of hidden size `hidden`, in registration
-/// order. bench/torch_kernels.py builds the same list with the same rule.
+/// order. bench/peers/torch_kernels.py builds the same list with the same rule.
 struct model_layout {
     std::size_t hidden = 0;
     std::size_t layers = 0;

@@ -6,8 +6,8 @@
 ///     torchrun --nproc_per_node=2 --no_python unison-ddp-bench -B gloo   # Gloo, no MPI
 ///     unison-ddp-bench -m bucketed,per-tensor -n 50     # some modes only
 ///
-/// The gradients are the parameters of bench/model_shapes.json (built in; --shapes
-/// reads another list): 200 float tensors of 1 K to 4 M elements, 25.9 M in all.
+/// The gradients are the parameters of bench/training/model_shapes.json (built in;
+/// --shapes reads another list): 200 float tensors of 1 K to 4 M elements, 25.9 M in all.
 /// One synchronization is every gradient marked ready in reverse registration order
 /// (backward's order, with no compute in between) until every gradient holds the
 /// average over the ranks. Each rank times it from a barrier to its last result;
@@ -53,6 +53,8 @@
 
 #if UNISON_HAS_MPI()
 #include <unison/mpi.hpp>
+
+#include "check_mpi.hpp"
 
 #include <mpi.h>
 #endif
@@ -156,10 +158,10 @@ std::string usage_text() {
     return R"(usage: unison-ddp-bench [options]
 
 Times one data-parallel gradient synchronization of a model's gradients (200
-float tensors, 1 K to 4 M elements, 25.9 M in all: bench/model_shapes.json): every
-gradient marked ready in backward order until every gradient holds the average
-over the ranks. Time: from a barrier to the last result, slowest rank; median
-and minimum over -n iterations. GB/s = gradient bytes / median time.
+float tensors, 1 K to 4 M elements, 25.9 M in all:
+bench/training/model_shapes.json): every gradient marked ready in backward order
+until every gradient holds the average over the ranks. Time: from a barrier to
+the last result, slowest rank; median and minimum over -n iterations. GB/s = gradient bytes / median time.
 
   -B, --backend <name>       thread, mpi (run under mpiexec) or gloo (run under
                              torchrun, or with RANK, WORLD_SIZE, MASTER_ADDR and
@@ -491,15 +493,6 @@ private:
 };
 
 #if UNISON_HAS_MPI()
-void check_mpi(int rc, const char* what) {
-    if (rc != MPI_SUCCESS) {
-        char text[MPI_MAX_ERROR_STRING] = {};
-        int len = 0;
-        MPI_Error_string(rc, text, &len);
-        throw std::runtime_error(std::string(what) + " failed: " + text);
-    }
-}
-
 /// Plain MPI: a blocking in-place MPI_Allreduce per gradient (`flat`: one of all).
 class raw_mpi_mode {
 public:
@@ -882,7 +875,8 @@ int main(int argc, char** argv) {
             return 0;
         }
         m = cfg.shapes_path.empty()
-                ? parse_model_shapes(model_shapes_json, "bench/model_shapes.json (built in)")
+                ? parse_model_shapes(model_shapes_json,
+                                     "bench/training/model_shapes.json (built in)")
                 : load_model_shapes(cfg.shapes_path);
     } catch (const std::exception& e) {
         if (launch_rank() == 0) {

@@ -1,6 +1,6 @@
 /// \file
 /// unison-zero-bench: per-rank model-state memory, per-step traffic and step time of
-/// every sharding, for the model of bench/model_shapes.json (200 tensors, 25.9 M
+/// every sharding, for the model of bench/training/model_shapes.json (200 tensors, 25.9 M
 /// parameters) trained with bf16 parameters, f32 master weights and AdamW -- the
 /// setting of the ZeRO paper's formulas -- on the thread backend.
 ///
@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
     }
     try {
         const bench::model_shapes model = bench::parse_model_shapes(
-            bench::model_shapes_json, "bench/model_shapes.json (built in)");
+            bench::model_shapes_json, "bench/training/model_shapes.json (built in)");
         const double psi = static_cast<double>(model.elements());
         std::printf("unison-zero-bench: %zu tensors, Psi = %.0f parameters; bf16 parameters and "
                     "gradients, f32 master weights, AdamW; thread backend\n\n",

@@ -3,9 +3,9 @@
 # build of the example), run alternately on 2 ranks; prints each run's time per
 # step after the first and each rank's peak resident memory, then the medians.
 #
-#   bash bench/fsdp_transformer_vs_fsdp2.sh BUILD/examples/fsdp_transformer/fsdp_transformer
+#   bash bench/peers/fsdp_transformer_vs_fsdp2.sh BUILD/examples/fsdp_transformer/fsdp_transformer
 #   ROUNDS=3 PYTHON=venv/bin/python OTHER=path/to/older/fsdp_transformer \
-#       bash bench/fsdp_transformer_vs_fsdp2.sh BUILD/.../fsdp_transformer
+#       bash bench/peers/fsdp_transformer_vs_fsdp2.sh BUILD/.../fsdp_transformer
 #
 # PYTHON must have torch 2.x (FSDP2's fully_shard; not needed by unison itself):
 #   python3 -m venv venv && venv/bin/pip install torch
