@@ -9,9 +9,11 @@
 ///   prod:               floats in {1, 2, 0.5, -1}, integers in {1, 2, -1} or
 ///                       {1, 2, 3} for uint8 (integer products wrap, and so does
 ///                       the reference).
-/// The reference is a plain serial loop in double precision (integers: 64-bit,
-/// wrapped to the dtype), independent of unison's reduction code.
+/// The reference is the tests' plain serial loop (tests/support/serial_reduction.hpp)
+/// in double precision (integers: 64-bit, wrapped to the dtype), independent of
+/// unison's reduction code.
 
+#include "../../tests/support/serial_reduction.hpp"
 #include "collective_shape.hpp"
 
 #include <unison/core/dtype.hpp>
@@ -161,60 +163,19 @@ bool matches(T got, double want, double tol) noexcept {
     return std::abs(g - want) <= tol * std::max(1.0, std::abs(want)); // false for NaN
 }
 
-/// The serial reference of a reduction over `ranks` inputs at `index`.
+/// The serial reference of a reduction over `ranks` inputs at `index`: the tests'
+/// (tests/support/serial_reduction.hpp), in 64-bit integers wrapped to T.
 template <class T>
 T reduce_reference_integer(const data_pattern& p, reduce_op op, int ranks, std::size_t index) {
-    // Two's-complement wrap: compute in uint64 and truncate, as the dtype would.
-    std::uint64_t wrapped = 0;
-    std::int64_t extreme = 0;
-    for (int q = 0; q < ranks; ++q) {
-        const auto v = static_cast<std::int64_t>(p.value<T>(q, index));
-        switch (op) {
-        case reduce_op::sum:
-        case reduce_op::avg:
-            wrapped += static_cast<std::uint64_t>(v);
-            break;
-        case reduce_op::prod:
-            wrapped =
-                q == 0 ? static_cast<std::uint64_t>(v) : wrapped * static_cast<std::uint64_t>(v);
-            break;
-        case reduce_op::min:
-            extreme = q == 0 ? v : std::min(extreme, v);
-            break;
-        case reduce_op::max:
-            extreme = q == 0 ? v : std::max(extreme, v);
-            break;
-        }
-    }
-    if (op == reduce_op::min || op == reduce_op::max) {
-        return static_cast<T>(extreme);
-    }
-    return static_cast<T>(wrapped);
+    return static_cast<T>(test::serial_reduce_integer<std::int64_t>(
+        op, ranks, [&](int q) { return static_cast<std::int64_t>(p.value<T>(q, index)); }));
 }
 
 template <class T>
 double reduce_reference_floating(const data_pattern& p, reduce_op op, int ranks,
                                  std::size_t index) {
-    double acc = p.value<T>(0, index);
-    for (int q = 1; q < ranks; ++q) {
-        const double v = p.value<T>(q, index);
-        switch (op) {
-        case reduce_op::sum:
-        case reduce_op::avg:
-            acc += v;
-            break;
-        case reduce_op::prod:
-            acc *= v;
-            break;
-        case reduce_op::min:
-            acc = std::min(acc, v);
-            break;
-        case reduce_op::max:
-            acc = std::max(acc, v);
-            break;
-        }
-    }
-    return op == reduce_op::avg ? acc / ranks : acc;
+    return test::serial_reduce(op, ranks,
+                               [&](int q) { return static_cast<double>(p.value<T>(q, index)); });
 }
 
 } // namespace detail

@@ -2,7 +2,10 @@
 
 // Deterministic pseudo-random inputs that any rank can recompute for any other
 // rank, and a serial double-precision reference to check results against (exact
-// integer arithmetic for the full-range unsigned types, which no double holds).
+// integer arithmetic for the full-range unsigned types, which no double holds); the
+// fold itself is serial_reduction.hpp's, which the benchmarks' checks share.
+
+#include "serial_reduction.hpp"
 
 #include <unison/core.hpp>
 
@@ -214,25 +217,8 @@ inline void fill(host_buffer& b, reduce_op op, std::uint64_t seed, int rank,
 /// type `t`, in unsigned integers: sums and products wrap modulo 2^bits.
 inline element_value exact_reference(dtype t, reduce_op op, std::uint64_t seed, int ranks,
                                      std::size_t index) {
-    std::uint64_t acc = input_value(t, op, seed, 0, index).bits();
-    for (int r = 1; r < ranks; ++r) {
-        const std::uint64_t v = input_value(t, op, seed, r, index).bits();
-        switch (op) {
-        case reduce_op::sum:
-        case reduce_op::avg: // not asked for: avg is refused on integer dtypes
-            acc += v;
-            break;
-        case reduce_op::prod:
-            acc *= v;
-            break;
-        case reduce_op::min:
-            acc = std::min(acc, v);
-            break;
-        case reduce_op::max:
-            acc = std::max(acc, v);
-            break;
-        }
-    }
+    const std::uint64_t acc = serial_reduce_integer<std::uint64_t>(
+        op, ranks, [&](int r) { return input_value(t, op, seed, r, index).bits(); });
     return element_value::exact(wrap_to_width(t, acc));
 }
 
@@ -243,26 +229,8 @@ inline element_value reference(dtype t, reduce_op op, std::uint64_t seed, int ra
     if (full_range(t)) {
         return exact_reference(t, op, seed, ranks, index);
     }
-    double acc = input_value(t, op, seed, 0, index).real();
-    for (int r = 1; r < ranks; ++r) {
-        const double v = input_value(t, op, seed, r, index).real();
-        switch (op) {
-        case reduce_op::sum:
-        case reduce_op::avg:
-            acc += v;
-            break;
-        case reduce_op::prod:
-            acc *= v;
-            break;
-        case reduce_op::min:
-            acc = std::min(acc, v);
-            break;
-        case reduce_op::max:
-            acc = std::max(acc, v);
-            break;
-        }
-    }
-    return op == reduce_op::avg ? acc / ranks : acc;
+    return serial_reduce(op, ranks,
+                         [&](int r) { return input_value(t, op, seed, r, index).real(); });
 }
 
 /// Unit roundoff of `t` (0 for the exact integer types).
