@@ -28,7 +28,13 @@
 /// stream. Work enqueued on the compute stream after `finish()` sees the averaged
 /// gradients. A device gradient is read when its bucket is packed (at the
 /// mark_ready that completes the bucket, or in finish()), not at its own
-/// mark_ready: leave it unchanged until finish() returns.
+/// mark_ready: leave it unchanged until finish() returns. The same holds for
+/// gradients in buckets (policy::gradients_in_buckets), on the host too: their
+/// zero contributions and pre-division are written when the bucket launches.
+///
+/// How a bucket's values move (copied in and out, reduced in place between the
+/// gradients, held in the bucket, packed by kernels) is the data path, one type
+/// each in ddp/detail/paths/, chosen at start() (`data_path()`).
 ///
 /// Every collective the reducer makes carries its count of backward passes (finish()
 /// calls) as the call's step (collective_call::step), so where calls are matched a
@@ -163,9 +169,15 @@ public:
         if (e.ready) {
             fail("rebind", "gradient '" + e.name + "' rebound while its reduction is in flight");
         }
+        const buffer before = e.grad;
         e.grad = b;
         if (started_) {
-            on_path([&](auto& p) { p.rebound(state(), e); });
+            try {
+                on_path([&](auto& p) { p.rebound(state(), e); });
+            } catch (...) { // the device path's new copy tables: as it was
+                e.grad = before;
+                throw;
+            }
         }
     }
 
@@ -200,9 +212,11 @@ public:
 
     // ----------------------------------------------------------------- a step
 
-    /// Gradient `i` is final for this backward pass. Packs it into its bucket and,
-    /// once its bucket (and every bucket before it) is complete, launches the
-    /// bucket's reduction. On a micro-batch that only accumulates, only records it.
+    /// Gradient `i` is final for this backward pass. Hands it to the data path
+    /// (which copies it into its bucket where buckets hold copies of host
+    /// gradients) and, once its bucket (and every bucket before it) is complete,
+    /// launches the bucket's reduction. On a micro-batch that only accumulates,
+    /// only records it.
     void mark_ready(std::size_t i) {
         require_started("mark_ready");
         entry& e = at(i, "mark_ready");
@@ -382,7 +396,8 @@ public:
     /// Backward passes finished (finish() calls, accumulating ones included).
     std::uint64_t passes() const noexcept { return stamped_.step(); }
 
-    /// How buckets move their values (ddp/detail/paths/); chosen by start().
+    /// How buckets move their values (ddp/detail/paths/); chosen by start(), and
+    /// meaningless before it.
     reducer_path data_path() const noexcept {
         return std::visit([](const auto& p) { return p.kind; }, path_);
     }
@@ -547,9 +562,11 @@ private:
                averaging_divisor() == static_cast<double>(comm_->size());
     }
 
-    /// Drives progress of the oldest reductions in flight (MPI progresses inside test()).
+    /// Drives progress of the oldest reductions in flight (MPI progresses inside
+    /// test()). A bucket whose launch threw has no request and is passed over.
     void poll() {
-        while (next_poll_ < next_launch_ && requests_[next_poll_]->test()) {
+        while (next_poll_ < next_launch_ &&
+               (!requests_[next_poll_] || requests_[next_poll_]->test())) {
             ++next_poll_;
         }
     }
@@ -600,7 +617,8 @@ private:
             b.pending = b.members.size();
         }
         // The path lays out the new buckets (reading the old ones where it carries
-        // values) or throws having changed nothing; then nothing left can throw.
+        // values) or throws having changed nothing; then the reducer switches by
+        // moves alone.
         std::vector<std::optional<request_type>> requests(fresh.size());
         const bool again = started_; // start() lays out first, the rebuild again
         const detail::path_state next{placed, fresh, place_, location()};

@@ -5,7 +5,9 @@
 /// device. Once a bucket is complete, one multi-tensor kernel per gradient dtype
 /// among its members packs (casts and pre-scales) them into it on the compute
 /// stream, and the communicator's stream is ordered after that; after the
-/// reduction one kernel per dtype unpacks it (casting and post-scaling). A gradient
+/// reduction one kernel per dtype unpacks it (casting and post-scaling). In a step
+/// where some member contributes zero, the others are packed one kernel each and
+/// the zeros written after. A gradient
 /// is read when its bucket is packed, not when it is marked ready. The kernels'
 /// copy tables are built once per layout (and again for a bucket whose gradient is
 /// rebound). See paths/path.hpp.

@@ -4,10 +4,12 @@
 /// The in-buckets path (policy::gradients_in_buckets): bucket memory is the
 /// gradient, on the host or on a device, so nothing is copied in or out. At
 /// start() the gradients' values move into the buckets; when the buckets are laid
-/// out again they move along. At launch the bucket's zero contributions are
-/// written and the pre-division applied, each one pass over the bucket; the default
-/// hook on the host then reduces with avg where the division is by the number of
-/// ranks alone, and any other reduction is followed by one pass of the division.
+/// out again they move along. At launch the zero contributions are written into
+/// their slots and the pre-division (where there is one) applied in one pass over
+/// the bucket; the default hook on the host then reduces with avg where the
+/// division is by the number of ranks alone, and any other reduction is followed
+/// by one pass of the division where there is one. A gradient's values are thus
+/// changed at its bucket's launch, not at its mark_ready.
 /// See paths/path.hpp.
 
 #include "unison/comm/collectives.hpp"

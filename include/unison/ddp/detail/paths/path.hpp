@@ -19,7 +19,7 @@
 /// | in_buckets      | in_buckets.hpp    | bucket memory, which is the gradient        |
 /// |                 |                   | (policy::gradients_in_buckets)              |
 /// | device_packed   | device_packed.hpp | a copy in device memory, packed and         |
-/// |                 |                   | unpacked by one kernel per gradient dtype   |
+/// |                 |                   | unpacked by multi-tensor kernels            |
 ///
 /// A path is a movable class with
 ///
