@@ -37,7 +37,7 @@
 #if UNISON_HAS_MPI()
 #include <unison/mpi.hpp>
 
-#include "check_mpi.hpp"
+#include "mpi_job.hpp"
 
 #include <mpi.h>
 #endif
@@ -871,20 +871,6 @@ bool outside_a_launcher() {
     }
 }
 
-/// Runs `fn()` between MPI_Init and MPI_Finalize; an error on one rank aborts the
-/// job, since the other ranks would wait for it forever.
-template <class Fn>
-int with_mpi(int& argc, char**& argv, Fn&& fn) {
-    mpi_environment env(argc, argv);
-    try {
-        return fn();
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "unison-bench: %s\n", e.what());
-        MPI_Abort(MPI_COMM_WORLD, 1);
-        return 1;
-    }
-}
-
 /// The MPI datatype of `t` for the raw-MPI baseline, or null where MPI has none
 /// (16-bit floats can only be moved, as 16-bit integers, not reduced).
 MPI_Datatype raw_mpi_type(dtype t, bool reducing) {
@@ -1326,7 +1312,7 @@ int main(int argc, char** argv) {
                              "unison-bench -B mpi ..., or time threads with -B thread -t N\n");
                 return 2;
             }
-            return with_mpi(argc, argv, [&] { return run_mpi_ranks(cfg); });
+            return run_mpi_job("unison-bench", argc, argv, [&] { return run_mpi_ranks(cfg); });
 #else
             if (launch_rank() == 0) {
                 std::fprintf(stderr, "unison-bench: error: this build has no MPI backend "
@@ -1353,7 +1339,7 @@ int main(int argc, char** argv) {
                              launch_rank(), why.c_str());
                 return 2;
             }
-            return with_mpi(argc, argv, [&] { return run_nccl_ranks(cfg); });
+            return run_mpi_job("unison-bench", argc, argv, [&] { return run_nccl_ranks(cfg); });
 #else
             if (launch_rank() == 0) {
                 std::fprintf(stderr, "unison-bench: error: this build has no NCCL backend%s\n",

@@ -1,16 +1,38 @@
 #pragma once
 
 /// \file
-/// Throws when an MPI call a benchmark makes itself (a raw-MPI baseline, the
-/// control plane of its runs) fails, with MPI's own words for the error.
+/// What a benchmark run under mpiexec needs besides unison: the job around it
+/// (MPI_Init to MPI_Finalize, an error on one rank ending the job) and a check of
+/// the MPI calls it makes itself.
+
+#include <unison/mpi.hpp>
 
 #include <mpi.h>
 
+#include <cstdio>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
 namespace unison::bench {
 
+/// Runs `fn()` between MPI_Init and MPI_Finalize and returns its exit status. An
+/// error on one rank is printed as "`program`: what" and aborts the job, since the
+/// other ranks would wait for that rank forever.
+template <class Fn>
+int run_mpi_job(const char* program, int& argc, char**& argv, Fn&& fn) {
+    mpi_environment env(argc, argv);
+    try {
+        return fn();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: %s\n", program, e.what());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        return 1;
+    }
+}
+
+/// Throws when an MPI call the benchmark makes itself (a raw-MPI baseline, the
+/// control plane of its runs) fails, with MPI's own words for the error.
 inline void check_mpi(int rc, const char* what) {
     if (rc != MPI_SUCCESS) {
         char text[MPI_MAX_ERROR_STRING] = {};

@@ -54,7 +54,7 @@
 #if UNISON_HAS_MPI()
 #include <unison/mpi.hpp>
 
-#include "check_mpi.hpp"
+#include "mpi_job.hpp"
 
 #include <mpi.h>
 #endif
@@ -810,8 +810,7 @@ int run_threads(const ddp_bench_config& cfg, const model_shapes& m) {
 
 #if UNISON_HAS_MPI()
 int run_mpi(int& argc, char**& argv, const ddp_bench_config& cfg, const model_shapes& m) {
-    mpi_environment env(argc, argv);
-    try {
+    return run_mpi_job("unison-ddp-bench", argc, argv, [&] {
         mpi_communicator comm(MPI_COMM_WORLD);
         std::unique_ptr<printer> out;
         if (comm.rank() == 0) {
@@ -819,11 +818,7 @@ int run_mpi(int& argc, char**& argv, const ddp_bench_config& cfg, const model_sh
             out->begin();
         }
         return run_rank(comm, cfg, m, out.get()) == 0 ? 0 : 1;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "unison-ddp-bench: %s\n", e.what());
-        MPI_Abort(MPI_COMM_WORLD, 1);
-        return 1;
-    }
+    });
 }
 #endif
 
