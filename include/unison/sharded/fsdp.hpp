@@ -368,9 +368,8 @@ public:
             }
         }
         started_ = true;
-        if constexpr (!strategy::params_sharded) {
-            // Resident parameters: bound once, for forward and evaluation alike.
-            for (std::size_t k = 0; k < units_.size(); ++k) {
+        for (std::size_t k = 0; k < units_.size(); ++k) {
+            if (params_.gathered(k)) { // resident: bound once, for forward and evaluation alike
                 bind(k, false);
             }
         }
@@ -906,39 +905,35 @@ private:
 
     /// Starts gathering the units after `k` in this pass's order: the order observed
     /// in the first step, or registration order (reversed in backward) before it.
+    /// (prefetch() does nothing where parameters are resident.)
     void prefetch_after(std::size_t k, phase p) {
-        if constexpr (strategy::params_sharded) {
-            const auto depth = static_cast<std::size_t>(options_.prefetch);
-            if (depth == 0) {
-                return;
-            }
-            const bool fwd = p == phase::forward;
-            if (!observed_) {
-                for (std::size_t d = 1; d <= depth; ++d) {
-                    if (fwd ? k + d >= units_.size() : k < d) {
-                        break;
-                    }
-                    params_.prefetch(fwd ? k + d : k - d);
-                }
-                return;
-            }
-            const std::vector<std::size_t>& seq = order_[fwd ? 0 : 1];
-            std::size_t& at = cursor_[fwd ? 0 : 1];
-            if (at >= seq.size() || seq[at] != k) {
-                // Off the observed order: a new pass starting over, or no prediction.
-                at = !seq.empty() && seq[0] == k ? 0 : std::numeric_limits<std::size_t>::max();
-            }
-            if (at == std::numeric_limits<std::size_t>::max()) {
-                return;
-            }
-            for (std::size_t d = 1; d <= depth && at + d < seq.size(); ++d) {
-                params_.prefetch(seq[at + d]);
-            }
-            ++at;
-        } else {
-            (void)k;
-            (void)p;
+        const auto depth = static_cast<std::size_t>(options_.prefetch);
+        if (depth == 0) {
+            return;
         }
+        const bool fwd = p == phase::forward;
+        if (!observed_) {
+            for (std::size_t d = 1; d <= depth; ++d) {
+                if (fwd ? k + d >= units_.size() : k < d) {
+                    break;
+                }
+                params_.prefetch(fwd ? k + d : k - d);
+            }
+            return;
+        }
+        const std::vector<std::size_t>& seq = order_[fwd ? 0 : 1];
+        std::size_t& at = cursor_[fwd ? 0 : 1];
+        if (at >= seq.size() || seq[at] != k) {
+            // Off the observed order: a new pass starting over, or no prediction.
+            at = !seq.empty() && seq[0] == k ? 0 : std::numeric_limits<std::size_t>::max();
+        }
+        if (at == std::numeric_limits<std::size_t>::max()) {
+            return;
+        }
+        for (std::size_t d = 1; d <= depth && at + d < seq.size(); ++d) {
+            params_.prefetch(seq[at + d]);
+        }
+        ++at;
     }
 
     /// Calls unit k's binders with its parameters (and gradients in backward).
@@ -957,20 +952,15 @@ private:
 
     /// Releases unit k (see sharded_parameters::release) and unbinds what was freed.
     void release(std::size_t k, pass p) {
-        if constexpr (strategy::params_sharded) {
-            const bool was = params_.gathered(k);
-            params_.release(k, p);
-            if (was && !params_.gathered(k)) {
-                const auto [first, last] = params_.parameters_of(k);
-                for (std::size_t id = first; id < last; ++id) {
-                    if (binders_[id]) {
-                        binders_[id](view<value_type>{}, view<value_type>{});
-                    }
+        const bool was = params_.gathered(k);
+        params_.release(k, p);
+        if (was && !params_.gathered(k)) {
+            const auto [first, last] = params_.parameters_of(k);
+            for (std::size_t id = first; id < last; ++id) {
+                if (binders_[id]) {
+                    binders_[id](view<value_type>{}, view<value_type>{});
                 }
             }
-        } else {
-            (void)k;
-            (void)p;
         }
     }
 

@@ -118,6 +118,11 @@ public:
     /// shard_comm() with the iteration count stamped on each call.
     using step_communicator_type = stepped_communicator<C>;
     using request_type = typename C::request_type;
+    /// Where the parameters and gradients live, and which ranks share the shards
+    /// (sharded/detail/residency.hpp, groups.hpp).
+    using parameters_type = typename strategy::template parameters<request_type>;
+    using gradients_type = typename strategy::gradients;
+    using groups_type = typename strategy::template groups<C>;
     /// The ZeRO stage of the strategy (0-3).
     static constexpr int stage = strategy::stage;
     static constexpr dtype param_dtype = config::dtypes.param;
@@ -132,33 +137,18 @@ public:
     /// that its user reads the engine's name and calls, not the parts'.
     explicit sharded_parameters(C& comm, shard_options options = {},
                                 std::string owner = "sharded_parameters")
-        : comm_(&comm), options_(options), owner_(std::move(owner)) {
-        if (options.max_live_units < 0) {
-            fail("construction", "max_live_units is " + std::to_string(options.max_live_units) +
-                                     "; it is 0 (no limit) or positive");
-        }
-        if constexpr (strategy::hybrid) {
-            const int n = comm.size();
-            const int g = options.shard_group_size;
-            if (g < 1 || n % g != 0) {
-                fail("construction", "shard::hybrid needs a shard_group_size that divides the " +
-                                         std::to_string(n) + " ranks; got " + std::to_string(g));
-            }
-            shard_own_.emplace(comm.split(comm.rank() / g, comm.rank()));
-            replica_own_.emplace(comm.split(comm.rank() % g, comm.rank()));
-            replica_steps_.emplace(*replica_own_);
-        }
-        shard_steps_.emplace(shard_comm());
-    }
+        : comm_(&comm), options_(checked(comm, options, owner)), owner_(std::move(owner)),
+          groups_(comm, options_, owner_) {}
 
     sharded_parameters(const sharded_parameters&) = delete;
     sharded_parameters& operator=(const sharded_parameters&) = delete;
     /// Waits for what is still in flight (the request destructors wait).
     ~sharded_parameters() {
+        const int rank = comm_->rank();
         for (std::size_t k = 0; k < units_.size(); ++k) { // spans still open on the timeline
             try {
-                trace_unit(k, 'G', "destroyed");
-                trace_unit(k, 'R', "destroyed");
+                residency_.close_span(k, rank);
+                units_[k].reduce_span.end(rank, "reduce", k, "destroyed");
             } catch (...) {
             }
         }
@@ -207,10 +197,8 @@ public:
         u.mem.padded = (u.mem.numel + s - 1) / s * s;
         u.mem.shard = u.mem.padded / s;
         strategy::allocate(context(u, units_.size()));
-        if constexpr (!strategy::params_sharded) {
-            u.state = unit_state::gathered;
-        }
         units_.push_back(std::move(u));
+        residency_.add_unit();
         return units_.size() - 1;
     }
     std::size_t add_unit(std::initializer_list<parameter_spec> params) {
@@ -236,7 +224,8 @@ public:
         unit& u = units_[e.unit];
         const element_range whole{e.offset, e.offset + e.numel};
         const auto* src = static_cast<const std::byte*>(b.data);
-        copy_overlap(whole, held_range(e.unit), src, b.type, param_base(u), param_dtype);
+        copy_overlap(whole, held_range(e.unit), src, b.type, parameters_type::held(u.mem),
+                     param_dtype);
         if constexpr (has_master) {
             copy_overlap(whole, update_range(e.unit), src, b.type, u.mem.master.data(),
                          master_dtype);
@@ -279,24 +268,17 @@ public:
     void gather(std::size_t unit_index, pass p = pass::forward) {
         (void)p;
         require_started("gather");
-        unit& u = unit_at(unit_index, "gather");
+        unit_at(unit_index, "gather");
         progress(reductions_in_flight);
-        if constexpr (strategy::params_sharded) {
-            if (u.state == unit_state::sharded) {
-                if (at_live_limit()) {
-                    std::string alive;
-                    for (std::size_t k = 0; k < units_.size(); ++k) {
-                        if (units_[k].state != unit_state::sharded) {
-                            alive += (alive.empty() ? "" : ", ") + std::to_string(k);
-                        }
-                    }
-                    fail("gather", "unit " + std::to_string(unit_index) + " would be unit " +
-                                       std::to_string(live_ + 1) + " gathered at once (limit " +
-                                       std::to_string(options_.max_live_units) +
-                                       "); release one of units " + alive + " first");
-                }
-                launch_gather(unit_index);
+        if (!residency_.gathered(unit_index)) {
+            if (at_live_limit()) {
+                fail("gather", "unit " + std::to_string(unit_index) + " would be unit " +
+                                   std::to_string(transient_.live + 1) +
+                                   " gathered at once (limit " +
+                                   std::to_string(options_.max_live_units) +
+                                   "); release one of units " + residency_.live_units() + " first");
             }
+            launch_gather(unit_index);
         }
     }
 
@@ -305,12 +287,10 @@ public:
     /// Collective like gather: every rank prefetches the same units in the same order.
     bool prefetch(std::size_t unit_index) {
         require_started("prefetch");
-        unit& u = unit_at(unit_index, "prefetch");
-        if constexpr (strategy::params_sharded) {
-            if (u.state == unit_state::sharded && !at_live_limit()) {
-                launch_gather(unit_index);
-                return true;
-            }
+        unit_at(unit_index, "prefetch");
+        if (!residency_.gathered(unit_index) && !at_live_limit()) {
+            launch_gather(unit_index);
+            return true;
         }
         return false;
     }
@@ -321,29 +301,13 @@ public:
     void release(std::size_t unit_index, pass p = pass::forward) {
         require_started("release");
         unit& u = unit_at(unit_index, "release");
-        if constexpr (strategy::params_sharded) {
-            if (p == pass::forward && !strategy::reshard_after_forward) {
-                return;
-            }
-            if (u.state == unit_state::sharded) {
-                return;
-            }
-            if (u.gather) {
-                u.gather->wait();
-                u.gather.reset();
-                trace_unit(unit_index, 'G');
-            }
-            gathered_now_ -= u.mem.full_param.size();
-            u.mem.full_param.reset();
-            u.state = unit_state::sharded;
-            --live_;
-            trace_unit(unit_index, 'x');
-        }
+        residency_.release(unit_index, p == pass::forward, u.mem, transient_, comm_->rank());
     }
 
     /// Whether `unit`'s full parameters are available (or being gathered).
     bool gathered(std::size_t unit_index) const {
-        return unit_at(unit_index, "gathered").state != unit_state::sharded;
+        unit_at(unit_index, "gathered");
+        return residency_.gathered(unit_index);
     }
 
     /// The full values of parameter `id` (element type `T` = the parameter dtype).
@@ -353,19 +317,12 @@ public:
         entry& e = at(id, "parameter");
         check_type<T>(param_dtype, "parameter", e);
         unit& u = units_[e.unit];
-        if constexpr (strategy::params_sharded) {
-            if (u.state == unit_state::sharded) {
-                fail("parameter", "parameter '" + e.name + "' of unit " + std::to_string(e.unit) +
-                                      " is not gathered: call gather(" + std::to_string(e.unit) +
-                                      ") first");
-            }
-            if (u.gather) {
-                u.gather->wait();
-                u.gather.reset();
-                u.state = unit_state::gathered;
-                trace_unit(e.unit, 'G');
-            }
+        if (!residency_.gathered(e.unit)) {
+            fail("parameter", "parameter '" + e.name + "' of unit " + std::to_string(e.unit) +
+                                  " is not gathered: call gather(" + std::to_string(e.unit) +
+                                  ") first");
         }
+        residency_.wait(e.unit, comm_->rank());
         return {reinterpret_cast<T*>(u.mem.full_param.data()) + e.offset, e.numel, place_.where()};
     }
 
@@ -406,15 +363,13 @@ public:
             fail("reduce_gradients",
                  "unit " + std::to_string(unit_index) + " reduced twice in one step");
         }
-        if constexpr (!strategy::grads_sharded) {
-            if (u.holds_sum) {
-                fail("reduce_gradients",
-                     "unit " + std::to_string(unit_index) +
-                         " reduced again before zero_grad(): its full gradients already hold "
-                         "the average over ranks. With full gradients resident (" +
-                         std::string(strategy::layout_name) +
-                         ") accumulate micro-batches into them and reduce once, on the last");
-            }
+        if (u.holds_sum && !gradients_type::adds_repeated_reductions) {
+            fail("reduce_gradients",
+                 "unit " + std::to_string(unit_index) +
+                     " reduced again before zero_grad(): its full gradients already hold "
+                     "the average over ranks. With full gradients resident (" +
+                     std::string(strategy::layout_name) +
+                     ") accumulate micro-batches into them and reduce once, on the last");
         }
         u.reduced = true;
         if (!u.mem.full_grad) {
@@ -428,8 +383,9 @@ public:
             whole = u.mem.wire.data();
         }
         place_.order_before(shard_comm(), "sharded_parameters reduce_gradients");
-        u.reduce = strategy::reduce(*shard_steps_, context(u, unit_index), whole);
-        trace_unit(unit_index, 'r');
+        u.reduce = strategy::reduce(groups_.shard_steps(), context(u, unit_index), whole);
+        u.reduce_span.begin(comm_->rank(), "reduce", unit_index, u.mem.padded,
+                            strategy::layout_name);
         record(1, unit_index);
         pending_.push_back(unit_index);
         progress(reductions_in_flight);
@@ -446,10 +402,7 @@ public:
             bool counts;
             ~next_iteration() {
                 if (counts) {
-                    self.shard_steps_->set_step(self.shard_steps_->step() + 1);
-                    if (self.replica_steps_) {
-                        self.replica_steps_->set_step(self.shard_steps_->step());
-                    }
+                    self.groups_.set_step(self.groups_.shard_steps().step() + 1);
                 }
             }
         } counted{*this, any_reduced};
@@ -486,13 +439,9 @@ public:
         if (!pending_.empty()) {
             fail("zero_grad", "reductions are in flight: call wait_gradients() first");
         }
-        for (unit& u : units_) {
-            if constexpr (strategy::grads_sharded) {
-                place_.zero(u.mem.shard_grad.data(), param_dtype, u.mem.shard);
-                drop_full_grad(u);
-            } else {
-                place_.zero(u.mem.full_grad.data(), param_dtype, u.mem.padded);
-            }
+        for (std::size_t k = 0; k < units_.size(); ++k) {
+            unit& u = units_[k];
+            gradients_type::zero(context(u, k), transient_);
             u.grad_touched = false;
             u.reduced = false;
             u.holds_sum = false;
@@ -504,23 +453,10 @@ public:
     /// parameters. No-op otherwise. Collective.
     void publish_parameters() {
         require_started("publish_parameters");
-        if constexpr (strategy::publishes) {
-            std::vector<request_type> requests;
-            requests.reserve(units_.size());
-            place_.order_before(shard_comm(), "sharded_parameters publish_parameters");
-            for (std::size_t k = 0; k < units_.size(); ++k) {
-                unit& u = units_[k];
-                const auto s = detail::site(shard_comm(), operation::all_gather);
-                const buffer whole{u.mem.full_param.data(), u.mem.padded, param_dtype,
-                                   place_.where()};
-                requests.push_back(detail::submit_tagged(
-                    *shard_steps_,
-                    detail::all_gather_call(s, detail::block_of(s, whole), whole, true),
-                    tag_of(k)));
-                record(2, k);
-            }
-            wait_all(std::span<request_type>(requests));
-        }
+        residency_.publish(
+            groups_.shard_steps(), place_, units_.size(),
+            [&](std::size_t k) { return context(units_[k], k); },
+            [&](std::size_t k) { record(2, k); });
     }
 
     // ---------------------------------------------------------------- queries
@@ -561,32 +497,14 @@ public:
 
     /// The ranks that share the shards (all of them unless hybrid) and this rank's
     /// place among them.
-    C& shard_comm() noexcept {
-        if constexpr (strategy::hybrid) {
-            return *shard_own_;
-        } else {
-            return *comm_;
-        }
-    }
+    C& shard_comm() noexcept { return groups_.shard(); }
     /// shard_comm() with this object's iteration count stamped on each call as its
     /// step: what its own collectives and the optimizer's go through.
-    step_communicator_type& step_communicator() noexcept { return *shard_steps_; }
+    step_communicator_type& step_communicator() noexcept { return groups_.shard_steps(); }
     /// Iterations so far: wait_gradients() calls that completed reductions.
-    std::uint64_t iterations() const noexcept { return shard_steps_->step(); }
-    int shard_size() const noexcept {
-        if constexpr (strategy::hybrid) {
-            return shard_own_->size();
-        } else {
-            return comm_->size();
-        }
-    }
-    int shard_rank() const noexcept {
-        if constexpr (strategy::hybrid) {
-            return shard_own_->rank();
-        } else {
-            return comm_->rank();
-        }
-    }
+    std::uint64_t iterations() const noexcept { return groups_.shard_steps().step(); }
+    int shard_size() const noexcept { return groups_.shard().size(); }
+    int shard_rank() const noexcept { return groups_.shard().rank(); }
     /// Which replica of the shards this rank belongs to (0 unless hybrid).
     int replica_index() const noexcept { return comm_->rank() / shard_size(); }
     C& communicator() noexcept { return *comm_; }
@@ -614,7 +532,7 @@ public:
     /// sharded, the whole unit otherwise.
     element_range held_range(std::size_t unit_index) const {
         const unit& u = unit_at(unit_index, "held_range");
-        return strategy::params_sharded ? owned_range(unit_index) : element_range{0, u.mem.padded};
+        return parameters_type::held_range(u.mem, owned_range(unit_index));
     }
 
     /// Storage behind update_range(unit), for the optimizer and checkpoints:
@@ -630,28 +548,24 @@ public:
         unit& u = unit_at(unit_index, "partition_of");
         const element_range r = update_range(unit_index);
         const std::size_t at_param = r.begin - held_range(unit_index).begin;
-        const std::size_t at_grad = strategy::grads_sharded ? 0 : r.begin;
-        std::byte* grad =
-            strategy::grads_sharded ? u.mem.shard_grad.data() : u.mem.full_grad.data();
-        return {r, param_base(u) + at_param * size_of(param_dtype),
-                has_master ? u.mem.master.data() : nullptr, grad + at_grad * size_of(param_dtype)};
+        return {r, parameters_type::held(u.mem) + at_param * size_of(param_dtype),
+                has_master ? u.mem.master.data() : nullptr,
+                gradients_type::partition(u.mem, r.begin, param_dtype)};
     }
 
     memory_report memory() const {
         memory_report m;
         for (const unit& u : units_) {
-            m.parameters +=
-                (strategy::params_sharded ? u.mem.shard : u.mem.padded) * size_of(param_dtype);
-            m.gradients +=
-                (strategy::grads_sharded ? u.mem.shard : u.mem.padded) * size_of(param_dtype);
+            m.parameters += parameters_type::held_count(u.mem) * size_of(param_dtype);
+            m.gradients += gradients_type::held_count(u.mem) * size_of(param_dtype);
             if constexpr (has_master) {
                 m.master +=
                     (strategy::state_sharded ? u.mem.shard : u.mem.padded) * size_of(master_dtype);
             }
         }
-        m.gathered_now = gathered_now_;
-        m.gathered_peak = gathered_peak_;
-        m.live_units_peak = live_peak_;
+        m.gathered_now = transient_.now;
+        m.gathered_peak = transient_.peak;
+        m.live_units_peak = transient_.live_peak;
         return m;
     }
     /// How many reductions may be pending before reduce_gradients waits for the
@@ -670,8 +584,6 @@ public:
     }
 
 private:
-    enum class unit_state : std::uint8_t { sharded, gathering, gathered };
-
     struct entry {
         std::string name;
         std::size_t numel;
@@ -684,41 +596,20 @@ private:
     struct unit {
         std::size_t first = 0, last = 0; // entries
         detail::unit_memory mem;
-        std::optional<request_type> gather, reduce;
-        unit_state state = unit_state::sharded;
+        std::optional<request_type> reduce;
         bool grad_touched = false;
-        bool reduced = false;   // reduce_gradients was called in this step
-        bool holds_sum = false; // the partition holds a completed reduction since zero_grad
-        std::uint64_t gather_trace = 0, reduce_trace = 0; // open spans on the timeline
+        bool reduced = false;          // reduce_gradients was called in this step
+        bool holds_sum = false;        // the partition holds a completed reduction since zero_grad
+        detail::unit_span reduce_span; // open on the timeline while reducing
     };
 
-    /// The timeline (core/timeline.hpp): unit `k`'s gather or gradient reduction
-    /// began ('g', 'r') or ended ('G', 'R'; `outcome` when not completed), or the unit
-    /// was released ('x').
-    void trace_unit(std::size_t k, char what, const char* outcome = nullptr) {
-        if (!timeline::enabled()) {
-            return;
+    static shard_options checked(C& comm, shard_options options, const std::string& owner) {
+        if (options.max_live_units < 0) {
+            throw argument_error(comm.rank(), owner + " construction",
+                                 "max_live_units is " + std::to_string(options.max_live_units) +
+                                     "; it is 0 (no limit) or positive");
         }
-        unit& u = units_[k];
-        const int rank = comm_->rank();
-        const std::string unit_name = "unit " + std::to_string(k);
-        const bool gather = what == 'g' || what == 'G';
-        std::uint64_t& id = gather ? u.gather_trace : u.reduce_trace;
-        const std::string name = (gather ? "gather " : "reduce ") + unit_name;
-        if (what == 'x') {
-            timeline::instant(rank, timeline::lane::fsdp, "fsdp", "release " + unit_name);
-        } else if (what == 'g' || what == 'r') {
-            id = timeline::next_id(rank);
-            timeline::begin(rank, timeline::lane::fsdp, "fsdp", name, id,
-                            "\"unit\":" + std::to_string(k) +
-                                ",\"elements\":" + std::to_string(u.mem.padded) + ",\"layout\":\"" +
-                                std::string(strategy::layout_name) + "\"");
-        } else if (id != 0) {
-            timeline::end(rank, timeline::lane::fsdp, "fsdp", name, id,
-                          outcome != nullptr ? "\"outcome\":\"" + std::string(outcome) + "\""
-                                             : std::string());
-            id = 0;
-        }
+        return options;
     }
 
     static int tag_of(std::size_t unit_index) noexcept {
@@ -726,13 +617,6 @@ private:
     }
     detail::unit_context context(unit& u, std::size_t unit_index) {
         return {u.mem, config::dtypes, place_, shard_rank(), tag_of(unit_index), u.holds_sum};
-    }
-    step_communicator_type* replica_comm() noexcept {
-        if constexpr (strategy::hybrid) {
-            return &*replica_steps_;
-        } else {
-            return nullptr;
-        }
     }
 
     /// Mixes one issued collective (kind, unit) into the fingerprint.
@@ -742,7 +626,7 @@ private:
     }
 
     bool at_live_limit() const noexcept {
-        return options_.max_live_units > 0 && live_ >= options_.max_live_units;
+        return options_.max_live_units > 0 && transient_.live >= options_.max_live_units;
     }
 
     /// Completes the oldest pending reduction (waiting for it); with `write` false
@@ -759,20 +643,18 @@ private:
                 u.mem.wire.reset();
                 u.mem.wire_shard.reset();
                 u.grad_touched = false;
-                if constexpr (strategy::grads_sharded) {
-                    self->drop_full_grad(u);
-                }
+                gradients_type::reduced(u.mem, self->transient_);
             }
         } done{this, u};
         try {
             u.reduce->wait();
         } catch (...) {
-            trace_unit(k, 'R', "error");
+            u.reduce_span.end(comm_->rank(), "reduce", k, "error");
             throw;
         }
-        trace_unit(k, 'R', write ? nullptr : "not written");
+        u.reduce_span.end(comm_->rank(), "reduce", k, write ? nullptr : "not written");
         if (write) {
-            strategy::complete(replica_comm(), context(u, k),
+            strategy::complete(groups_.replica_steps(), context(u, k),
                                1.0 / static_cast<double>(comm_->size()));
             u.holds_sum = true;
         }
@@ -787,14 +669,10 @@ private:
     /// across two groups the ranks would wait on each other in a cycle.
     void progress(std::size_t keep) {
         while (!pending_.empty() &&
-               (pending_.size() > keep ||
-                (!strategy::hybrid && units_[pending_.front()].reduce->test()))) {
+               (pending_.size() > keep || (!groups_type::completion_is_collective &&
+                                           units_[pending_.front()].reduce->test()))) {
             complete_front(true);
         }
-    }
-
-    std::byte* param_base(unit& u) const noexcept {
-        return strategy::params_sharded ? u.mem.shard_param.data() : u.mem.full_param.data();
     }
 
     /// Copies the part of `values` (covering unit elements `whole`) that falls in
@@ -820,41 +698,15 @@ private:
     }
 
     void launch_gather(std::size_t unit_index) {
-        unit& u = units_[unit_index];
-        u.mem.full_param = detail::flat_buffer(u.mem.padded * size_of(param_dtype), place_);
-        place_.order_before(shard_comm(), "sharded_parameters gather");
-        u.gather = detail::submit_tagged(
-            *shard_steps_,
-            detail::all_gather_call(
-                detail::site(shard_comm(), operation::all_gather),
-                const_buffer(u.mem.shard_param.data(), u.mem.shard, param_dtype, place_.where()),
-                buffer{u.mem.full_param.data(), u.mem.padded, param_dtype, place_.where()}, false),
-            tag_of(unit_index));
-        trace_unit(unit_index, 'g');
+        residency_.launch(unit_index, context(units_[unit_index], unit_index),
+                          groups_.shard_steps(), transient_, strategy::layout_name);
         record(0, unit_index);
-        u.state = unit_state::gathering;
-        gathered_now_ += u.mem.full_param.size();
-        ++live_;
-        track_peak();
-    }
-
-    void track_peak() {
-        gathered_peak_ = std::max(gathered_peak_, gathered_now_);
-        live_peak_ = std::max(live_peak_, live_);
     }
 
     void gradient_storage(unit& u) {
         u.mem.full_grad = detail::flat_buffer(u.mem.padded * size_of(param_dtype), place_);
         place_.zero(u.mem.full_grad.data(), param_dtype, u.mem.padded);
-        gathered_now_ += u.mem.full_grad.size();
-        track_peak();
-    }
-
-    void drop_full_grad(unit& u) {
-        if (u.mem.full_grad) {
-            gathered_now_ -= u.mem.full_grad.size();
-            u.mem.full_grad.reset();
-        }
+        transient_.add(u.mem.full_grad.size());
     }
 
     template <element T>
@@ -948,15 +800,16 @@ private:
     C* comm_;
     shard_options options_;
     std::string owner_; ///< what errors call this object
+    /// The shard group and any replica group, stamped with the iteration count.
+    groups_type groups_;
     detail::placement place_;
-    std::optional<C> shard_own_, replica_own_;
-    /// shard_comm() and the replica communicator, stamped with the iteration count.
-    std::optional<step_communicator_type> shard_steps_, replica_steps_;
     std::vector<entry> entries_;
     std::vector<unit> units_;
+    /// Where each unit's full parameters are. After units_: a gather still in flight
+    /// is waited for (its request destroyed) while the buffer it writes is alive.
+    parameters_type residency_;
     std::deque<std::size_t> pending_; // units whose reduction is in flight, oldest first
-    std::size_t gathered_now_ = 0, gathered_peak_ = 0;
-    int live_ = 0, live_peak_ = 0;
+    detail::transient_memory transient_;
     std::uint64_t issued_ = detail::fnv1a64_offset;
     bool started_ = false;
 };

@@ -2,10 +2,14 @@
 
 /// \file
 /// What each sharding strategy keeps resident and how it reduces gradients: one
-/// specialization of `sharding<Strategy>` per strategy tag (sharded/policies.hpp),
-/// each owning its allocation, its gradient collective and the completion of that
-/// collective. `sharded_parameters` calls these and asks the named facts
-/// (`params_sharded`, ...) for the rest, so no code tests a stage number.
+/// specialization of `sharding<Strategy>` per strategy tag (sharded/policies.hpp).
+/// Each names its parts: `parameters<Request>` and `gradients`, where a unit's
+/// parameters and gradients live (sharded/detail/residency.hpp), and `groups<C>`,
+/// the ranks it shards over (sharded/detail/groups.hpp); and owns its allocation,
+/// its gradient collective and the completion of that collective.
+/// `sharded_parameters` calls these, so no code tests a stage or a strategy. The
+/// named facts (`params_sharded`, ...) describe the strategy to its users (tests,
+/// the LibTorch layer, checkpoints).
 ///
 /// A unit's parameters lie back to back in one flat buffer padded to a multiple of
 /// the shard group's size S; rank r's shard is elements [r * shard, (r + 1) * shard).
@@ -14,81 +18,27 @@
 #include "unison/core/detail/policy.hpp"
 #include "unison/core/dtype.hpp"
 #include "unison/parallel/detail/placement.hpp"
+#include "unison/sharded/detail/groups.hpp"
+#include "unison/sharded/detail/residency.hpp"
 #include "unison/sharded/policies.hpp"
 
 #include <cstddef>
 #include <string_view>
+#include <type_traits>
 
 namespace unison::detail {
 
-/// The flat memory of one unit. Which buffers exist depends on the strategy.
-struct unit_memory {
-    std::size_t numel = 0;  ///< the parameters' elements
-    std::size_t padded = 0; ///< numel rounded up to a multiple of the shard group size
-    std::size_t shard = 0;  ///< padded / shard group size
-    flat_buffer full_param, shard_param, master, full_grad, shard_grad;
-    flat_buffer wire, wire_shard; ///< reduce-dtype copies while reducing
-};
-
-/// The dtypes a unit is kept in (from the precision policy).
-struct unit_dtypes {
-    dtype param = dtype::f32;
-    dtype reduce = dtype::f32;
-    dtype master = dtype::f32;
-    bool has_master = false; ///< a master copy exists (master differs from param)
-};
-
-/// What a strategy's operations work on: one unit, its dtypes and placement, and
-/// this rank's place in the shard group.
-struct unit_context {
-    unit_memory& u;
-    const unit_dtypes& types;
-    const placement& place;
-    int shard_rank = 0;
-    int tag = 0; ///< the unit's collective tag
-    /// The gradient partition holds earlier micro-batches' reduced gradients: the
-    /// new reduction is added to them (only where gradients are sharded; see
-    /// sharded_parameters::reduce_gradients).
-    bool accumulate = false;
-};
-
-/// Submits `call` with `tag` (the unit, plus one): call matching compares it across
-/// ranks (collective_call::tag).
-template <class C>
-typename C::request_type submit_tagged(C& comm, collective_call call, int tag) {
-    call.tag = tag;
-    log(log_level::debug, comm.rank(),
-        [&] { return unison::detail::describe_call(call, comm.size(), false); });
-    return comm.submit(call);
-}
-
-inline flat_buffer zeroed_buffer(std::size_t bytes, const placement& p) {
-    flat_buffer b(bytes, p);
-    p.zero(b.data(), dtype::u8, bytes);
-    return b;
-}
-
-/// Allocates, zeroed, what a strategy keeps resident for a unit: the full
-/// parameters or this rank's shard of them, the full gradients or the shard (the
-/// full gradient then exists only while backward writes it), and master weights
-/// for the update range (the whole unit, or the shard).
-inline void allocate_resident(const unit_context& c, bool params_sharded, bool grads_sharded,
-                              bool state_sharded) {
-    const std::size_t p = size_of(c.types.param);
-    if (params_sharded) {
-        c.u.shard_param = zeroed_buffer(c.u.shard * p, c.place);
-    } else {
-        c.u.full_param = zeroed_buffer(c.u.padded * p, c.place);
-    }
+/// Allocates, zeroed, what a strategy keeps resident for a unit: its parameters
+/// (`Params`), master weights for the update range (the whole unit, or the shard
+/// with `StateSharded`) and its gradients (`Grads`).
+template <class Params, class Grads, bool StateSharded>
+void allocate_resident(const unit_context& c) {
+    Params::allocate(c);
     if (c.types.has_master) {
         c.u.master = zeroed_buffer(
-            (state_sharded ? c.u.shard : c.u.padded) * size_of(c.types.master), c.place);
+            (StateSharded ? c.u.shard : c.u.padded) * size_of(c.types.master), c.place);
     }
-    if (grads_sharded) {
-        c.u.shard_grad = zeroed_buffer(c.u.shard * p, c.place);
-    } else {
-        c.u.full_grad = zeroed_buffer(c.u.padded * p, c.place);
-    }
+    Grads::allocate(c);
 }
 
 /// The primary template: a type that is not a sharding strategy.
@@ -111,8 +61,14 @@ struct replicate_everything {
     static constexpr bool hybrid = false;
     static constexpr std::string_view layout_name = "zero0";
 
+    template <class Request>
+    using parameters = replicated_parameters<Request>;
+    using gradients = full_gradients;
+    template <class C>
+    using groups = flat_groups<C>;
+
     static void allocate(const unit_context& c) {
-        allocate_resident(c, params_sharded, grads_sharded, state_sharded);
+        allocate_resident<resident_parameter_memory, gradients, state_sharded>(c);
     }
     /// Launches the reduction of `whole`, the unit's full gradient in the reduce dtype.
     template <class C>
@@ -145,8 +101,14 @@ struct shard_optimizer_state {
     static constexpr bool hybrid = false;
     static constexpr std::string_view layout_name = "zero1";
 
+    template <class Request>
+    using parameters = published_parameters<Request>;
+    using gradients = full_gradients;
+    template <class C>
+    using groups = flat_groups<C>;
+
     static void allocate(const unit_context& c) {
-        allocate_resident(c, params_sharded, grads_sharded, state_sharded);
+        allocate_resident<resident_parameter_memory, gradients, state_sharded>(c);
     }
     template <class C>
     static typename C::request_type reduce(C& shard_comm, const unit_context& c, void* whole) {
@@ -171,6 +133,7 @@ struct shard_optimizer_state {
 struct reduce_into_shard {
     static constexpr bool grads_sharded = true;
     static constexpr bool state_sharded = true;
+    using gradients = sharded_gradients;
 
     /// Into the shard itself, or, when it must be converted or added to what the
     /// shard holds (micro-batch accumulation), into a reduce-dtype staging shard.
@@ -213,8 +176,13 @@ struct shard_gradients : reduce_into_shard {
     static constexpr bool hybrid = false;
     static constexpr std::string_view layout_name = "zero2";
 
+    template <class Request>
+    using parameters = published_parameters<Request>;
+    template <class C>
+    using groups = flat_groups<C>;
+
     static void allocate(const unit_context& c) {
-        allocate_resident(c, params_sharded, grads_sharded, state_sharded);
+        allocate_resident<resident_parameter_memory, gradients, state_sharded>(c);
     }
 };
 
@@ -230,8 +198,13 @@ struct shard_parameters : reduce_into_shard {
     static constexpr bool hybrid = Hybrid;
     static constexpr std::string_view layout_name = Hybrid ? "fsdp_hybrid" : "zero3";
 
+    template <class Request>
+    using parameters = gathered_parameters<Request, Reshard>;
+    template <class C>
+    using groups = std::conditional_t<Hybrid, hybrid_groups<C>, flat_groups<C>>;
+
     static void allocate(const unit_context& c) {
-        allocate_resident(c, params_sharded, grads_sharded, state_sharded);
+        allocate_resident<sharded_parameter_memory, gradients, state_sharded>(c);
     }
 };
 
