@@ -58,6 +58,25 @@ struct device_space {
                                                 h.bytes.size()));
         return h;
     }
+    /// Engines on this space enqueue their compute on the legacy default stream
+    /// (see attach in backends.cuh), which orders these synchronous copies after
+    /// it; the communicator's own stream is waited for first.
+    template <device_communicator C>
+    static void store(C& comm, buffer dst, const void* values) {
+        UNISON_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(comm.device_stream())),
+                          comm.rank(), "device_space::store");
+        UNISON_CHECK_CUDA(
+            cudaMemcpy(dst.data, values, dst.count * size_of(dst.type), cudaMemcpyHostToDevice),
+            comm.rank(), "device_space::store");
+    }
+    template <device_communicator C>
+    static void load(C& comm, const_buffer src, void* values) {
+        UNISON_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(comm.device_stream())),
+                          comm.rank(), "device_space::load");
+        UNISON_CHECK_CUDA(
+            cudaMemcpy(values, src.data, src.count * size_of(src.type), cudaMemcpyDeviceToHost),
+            comm.rank(), "device_space::load");
+    }
 };
 
 #if UNISON_HAS_NCCL()

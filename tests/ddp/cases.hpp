@@ -1,10 +1,11 @@
 #pragma once
 
-// The bucketed reducer, written once against the communicator concept and run on
-// every host backend by the DDP suite (tests/suites/ddp.hpp). Gradients
-// hold deterministic random values per (step, rank, gradient, element); after
-// finish() every element is compared with the mean (or sum) over ranks computed
-// here in double precision.
+// The bucketed reducer, written once against the communicator concept and a memory
+// space (tests/support/memory_space.hpp), and run on every backend by the DDP suite
+// (tests/suites/ddp.hpp). Gradients hold deterministic random values per (step,
+// rank, gradient, element), computed on the host and stored in the space; after
+// finish() every element is loaded back and compared with the mean (or sum) over
+// ranks computed here in double precision.
 
 #include "../collectives/cases.hpp"
 
@@ -15,7 +16,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace unison::test {
@@ -43,23 +46,75 @@ inline std::vector<std::size_t> shuffled(std::size_t n, std::uint64_t seed) {
     return order;
 }
 
-/// Gradients of dtype T (and one f64 gradient when `mixed`) owned by the test.
-template <class T>
-struct test_gradients {
-    std::vector<std::vector<T>> f;
-    std::vector<double> extra; // the f64 gradient, last
+/// Gradients of dtype T in memory space `Space`, registered with a reducer as its
+/// gradients `first`, `first + 1`, ...; `values[g]` is gradient g's host copy,
+/// which the case writes before `put` and reads after `get`.
+template <class Space, class T, communicator C>
+class space_gradients {
+public:
+    space_gradients(C& comm, const std::vector<std::size_t>& sizes, std::size_t first = 0)
+        : comm_(&comm), first_(first) {
+        for (std::size_t s : sizes) {
+            tensors_.push_back(Space::make(comm, host_buffer(dtype_of<T>, s)));
+            values.emplace_back(s, T(0));
+        }
+    }
+    std::size_t size() const noexcept { return values.size(); }
+    /// Gradient g's own memory, to add to (or rebind in) a reducer.
+    buffer tensor(std::size_t g) { return tensors_[g].view(); }
+    /// Where `reducer` reads and writes gradient g: its own memory, or its place in
+    /// a bucket where the reducer holds the gradients (policy::gradients_in_buckets).
+    template <class Reducer>
+    buffer memory(Reducer& reducer, std::size_t g) {
+        if constexpr (Reducer::config::gradient_memory::in_buckets) {
+            const view<T> v = reducer.template gradient<T>(first_ + g);
+            return {v.data, v.size, dtype_of<T>, v.location};
+        } else {
+            (void)reducer;
+            return tensor(g);
+        }
+    }
+    /// values[g] into gradient g.
+    template <class Reducer>
+    void put(Reducer& reducer, std::size_t g) {
+        Space::store(*comm_, memory(reducer, g), values[g].data());
+    }
+    /// Gradient g into values[g].
+    template <class Reducer>
+    void get(Reducer& reducer, std::size_t g) {
+        load(memory(reducer, g), values[g]);
+    }
+    /// Gradient g's own memory (whatever the reducer holds) into `out`.
+    void get_own(std::size_t g, std::vector<T>& out) {
+        out.resize(values[g].size());
+        load(tensor(g), out);
+    }
+
+    std::vector<std::vector<T>> values;
+
+private:
+    void load(buffer b, std::vector<T>& out) {
+        Space::load(*comm_, const_buffer(b.data, b.count, b.type, b.location), out.data());
+    }
+
+    C* comm_;
+    std::size_t first_;
+    std::vector<typename Space::tensor> tensors_;
 };
 
-/// Element `i` of gradient `g`: in the test's own vectors, or inside the reducer's
-/// bucket where the reducer holds the gradients (policy::gradients_in_buckets).
-template <class Reducer>
-float& gradient_at(Reducer& reducer, std::vector<std::vector<float>>& grads, std::size_t g,
-                   std::size_t i) {
-    if constexpr (Reducer::config::gradient_memory::in_buckets) {
-        return reducer.template gradient<float>(g).data[i];
-    } else {
-        return grads[g][i];
-    }
+/// One 64-bit value from every rank, through the space (a communicator on device
+/// memory may move nothing else).
+template <class Space, communicator C>
+std::vector<std::int64_t> gathered_from_ranks(C& comm, std::int64_t mine) {
+    host_buffer in(dtype::i64, 1);
+    std::memcpy(in.bytes.data(), &mine, sizeof mine);
+    auto src = Space::make(comm, std::move(in));
+    auto dst = Space::make(comm, host_buffer(dtype::i64, static_cast<std::size_t>(comm.size())));
+    all_gather(comm, src.view(), dst.view());
+    const host_buffer& all = Space::read(comm, std::as_const(dst));
+    std::vector<std::int64_t> out(static_cast<std::size_t>(comm.size()));
+    std::memcpy(out.data(), all.bytes.data(), out.size() * sizeof(std::int64_t));
+    return out;
 }
 
 /// The default hook under another type: the reducer then copies the gradients into
@@ -71,66 +126,60 @@ enum class expect_kind { average, sum };
 
 /// Runs `steps` synchronizations of a `Reducer` over `reducer_sizes` (plus an f64
 /// gradient when `mixed`) and checks every element against the double reference
-/// within `tol` (absolute; values are in [-1, 1)). With `in_buckets` the values are
-/// written through the reducer's views. Also checks that the rebuilt layout is the
-/// same on every rank and follows rank 0's ready order.
-template <class Reducer, class T, communicator C>
-void reducer_average_case(C& comm, double tol, expect_kind kind, bool in_buckets, bool mixed,
+/// within `tol` (absolute; values are in [-1, 1)). Also checks that the rebuilt
+/// layout is the same on every rank and follows rank 0's ready order.
+template <class Reducer, class T, class Space, communicator C>
+void reducer_average_case(C& comm, double tol, expect_kind kind, bool mixed,
                           const std::string& name, ddp_options options = {},
                           std::uint64_t seed = 11) {
     const int n = comm.size();
     const int rank = comm.rank();
-    test_gradients<T> grads;
-    for (std::size_t s : reducer_sizes) {
-        grads.f.emplace_back(s, T(0));
-    }
-    grads.extra.assign(mixed ? 999 : 0, 0.0);
-    const std::size_t count = grads.f.size() + (mixed ? 1 : 0);
+    space_gradients<Space, T, C> grads(comm, reducer_sizes);
+    space_gradients<Space, double, C> extra(
+        comm, mixed ? std::vector<std::size_t>{999} : std::vector<std::size_t>{}, grads.size());
+    const std::size_t count = grads.size() + extra.size();
 
     options.first_bucket_bytes = 4096;
     options.bucket_bytes = 65536;
     Reducer reducer(comm, options);
-    for (std::size_t g = 0; g < grads.f.size(); ++g) {
-        reducer.add(grads.f[g], "g" + std::to_string(g));
+    Space::attach(comm, reducer);
+    for (std::size_t g = 0; g < grads.size(); ++g) {
+        reducer.add(grads.tensor(g), "g" + std::to_string(g));
     }
     if (mixed) {
-        reducer.add(grads.extra, "extra");
+        reducer.add(extra.tensor(0), "extra");
     }
     reducer.start();
 
-    auto write = [&](std::size_t g, std::size_t i, double v) {
-        if (g < grads.f.size()) {
-            if constexpr (Reducer::config::gradient_memory::in_buckets) {
-                reducer.template gradient<T>(g).data[i] = static_cast<T>(v);
-            } else {
-                grads.f[g][i] = static_cast<T>(v);
+    // Gradient g (of all `count`): its values written for `step`, then stored.
+    auto write = [&](std::size_t g, int step) {
+        if (g < grads.size()) {
+            for (std::size_t i = 0; i < grads.values[g].size(); ++i) {
+                grads.values[g][i] = static_cast<T>(grad_value(seed, step, rank, g, i));
             }
+            grads.put(reducer, g);
         } else {
-            if constexpr (Reducer::config::gradient_memory::in_buckets) {
-                reducer.template gradient<double>(g).data[i] = v;
-            } else {
-                grads.extra[i] = v;
+            for (std::size_t i = 0; i < extra.values[0].size(); ++i) {
+                extra.values[0][i] = grad_value(seed, step, rank, g, i);
             }
+            extra.put(reducer, 0);
         }
     };
-    auto read = [&](std::size_t g, std::size_t i) -> double {
-        if (g < grads.f.size()) {
-            if constexpr (Reducer::config::gradient_memory::in_buckets) {
-                return static_cast<double>(reducer.template gradient<T>(g).data[i]);
-            } else {
-                return static_cast<double>(grads.f[g][i]);
-            }
+    auto read_all = [&] {
+        for (std::size_t g = 0; g < grads.size(); ++g) {
+            grads.get(reducer, g);
         }
-        if constexpr (Reducer::config::gradient_memory::in_buckets) {
-            return reducer.template gradient<double>(g).data[i];
-        } else {
-            return grads.extra[i];
+        for (std::size_t g = 0; g < extra.size(); ++g) {
+            extra.get(reducer, g);
         }
+    };
+    auto value = [&](std::size_t g, std::size_t i) -> double {
+        return g < grads.size() ? static_cast<double>(grads.values[g][i])
+                                : extra.values[g - grads.size()][i];
     };
     auto size_of_grad = [&](std::size_t g) {
-        return g < grads.f.size() ? grads.f[g].size() : grads.extra.size();
+        return g < grads.size() ? grads.values[g].size() : extra.values[g - grads.size()].size();
     };
-    (void)in_buckets;
 
     outcome o;
     for (int step = 0; step < 3; ++step) {
@@ -143,12 +192,11 @@ void reducer_average_case(C& comm, double tol, expect_kind kind, bool in_buckets
                 return r;
             }();
         for (std::size_t g : order) {
-            for (std::size_t i = 0; i < size_of_grad(g); ++i) {
-                write(g, i, grad_value(seed, step, rank, g, i));
-            }
+            write(g, step);
             reducer.mark_ready(g);
         }
         o.expect(reducer.finish(), "finish() did not synchronize");
+        read_all();
         for (std::size_t g = 0; g < count; ++g) {
             for (std::size_t i = 0; i < size_of_grad(g); ++i) {
                 double expected = 0.0;
@@ -158,7 +206,7 @@ void reducer_average_case(C& comm, double tol, expect_kind kind, bool in_buckets
                 if (kind == expect_kind::average) {
                     expected /= n;
                 }
-                const double got = read(g, i);
+                const double got = value(g, i);
                 o.expect(std::abs(got - expected) <= tol, [&] {
                     return "step " + std::to_string(step) + " gradient " + std::to_string(g) + "[" +
                            std::to_string(i) + "] = " + std::to_string(got) + ", expected " +
@@ -174,12 +222,12 @@ void reducer_average_case(C& comm, double tol, expect_kind kind, bool in_buckets
             std::vector<std::size_t> flat_f, flat_d;
             for (const auto& b : layout) {
                 for (std::size_t g : b) {
-                    (g < grads.f.size() ? flat_f : flat_d).push_back(g);
+                    (g < grads.size() ? flat_f : flat_d).push_back(g);
                 }
             }
             std::vector<std::size_t> want_f, want_d;
             for (std::size_t g : rank0) {
-                (g < grads.f.size() ? want_f : want_d).push_back(g);
+                (g < grads.size() ? want_f : want_d).push_back(g);
             }
             o.expect(flat_f == want_f && flat_d == want_d,
                      name + ": rebuilt layout does not follow rank 0's ready order");
@@ -190,9 +238,7 @@ void reducer_average_case(C& comm, double tol, expect_kind kind, bool in_buckets
                 }
                 h = h * 31u + 7u;
             }
-            std::vector<std::int64_t> mine{static_cast<std::int64_t>(h)};
-            std::vector<std::int64_t> all(static_cast<std::size_t>(n));
-            all_gather(comm, mine, all);
+            const auto all = gathered_from_ranks<Space>(comm, static_cast<std::int64_t>(h));
             o.expect(
                 std::all_of(all.begin(), all.end(), [&](std::int64_t x) { return x == all[0]; }),
                 name + ": ranks rebuilt different bucket layouts");
@@ -202,42 +248,43 @@ void reducer_average_case(C& comm, double tol, expect_kind kind, bool in_buckets
 }
 
 /// Every averaging, dtype, memory and hook policy.
-template <communicator C>
+template <class Space, communicator C>
 void reducer_policy_cases(C& comm) {
     using namespace unison::policy;
     const double n = comm.size();
-    reducer_average_case<bucketed_reducer<C>, float>(comm, 4e-7 * n, expect_kind::average, false,
-                                                     true, "default (f32 + f64)");
-    reducer_average_case<bucketed_reducer<C>, double>(comm, 1e-15 * n, expect_kind::average, false,
-                                                      false, "f64");
-    reducer_average_case<bucketed_reducer<C>, float>(comm, 4e-7 * n, expect_kind::average, false,
-                                                     true, "predivide 2",
-                                                     {.predivide_factor = 2.0});
-    reducer_average_case<bucketed_reducer<C>, float>(comm, 4e-7 * n * n, expect_kind::sum, false,
-                                                     true, "sum", {.average = false});
-    reducer_average_case<bucketed_reducer<C, gradients_in_buckets>, float>(
-        comm, 4e-7 * n, expect_kind::average, true, true, "gradients_in_buckets");
-    reducer_average_case<bucketed_reducer<C, gradients_in_buckets>, double>(
-        comm, 1e-15 * n, expect_kind::average, true, false, "gradients_in_buckets + predivide 4",
+    reducer_average_case<bucketed_reducer<C>, float, Space>(comm, 4e-7 * n, expect_kind::average,
+                                                            true, "default (f32 + f64)");
+    reducer_average_case<bucketed_reducer<C>, double, Space>(comm, 1e-15 * n, expect_kind::average,
+                                                             false, "f64");
+    reducer_average_case<bucketed_reducer<C>, float, Space>(
+        comm, 4e-7 * n, expect_kind::average, true, "predivide 2", {.predivide_factor = 2.0});
+    reducer_average_case<bucketed_reducer<C>, float, Space>(comm, 4e-7 * n * n, expect_kind::sum,
+                                                            true, "sum", {.average = false});
+    reducer_average_case<bucketed_reducer<C, gradients_in_buckets>, float, Space>(
+        comm, 4e-7 * n, expect_kind::average, true, "gradients_in_buckets");
+    reducer_average_case<bucketed_reducer<C, gradients_in_buckets>, double, Space>(
+        comm, 1e-15 * n, expect_kind::average, false, "gradients_in_buckets + predivide 4",
         {.predivide_factor = 4.0});
-    reducer_average_case<bucketed_reducer<C, gradients_in_buckets>, float>(
-        comm, 4e-7 * n * n, expect_kind::sum, true, false, "gradients_in_buckets + sum",
+    reducer_average_case<bucketed_reducer<C, gradients_in_buckets>, float, Space>(
+        comm, 4e-7 * n * n, expect_kind::sum, false, "gradients_in_buckets + sum",
         {.average = false});
     // A hook of its own over gradients in buckets: the reducer cannot fuse the
     // division into the reduction, so it divides after the hook completes.
     reducer_average_case<
-        bucketed_reducer<C, gradients_in_buckets, comm_hook<compress_hook<dtype::bf16>>>, float>(
-        comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, true, false,
-        "gradients_in_buckets + compress_hook<bf16> + predivide 2", {.predivide_factor = 2.0});
+        bucketed_reducer<C, gradients_in_buckets, comm_hook<compress_hook<dtype::bf16>>>, float,
+        Space>(comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, false,
+               "gradients_in_buckets + compress_hook<bf16> + predivide 2",
+               {.predivide_factor = 2.0});
     // bf16 keeps 8 significant bits: each input and each partial sum rounds by 2^-9
     // relative, partial sums reach n in magnitude.
-    reducer_average_case<bucketed_reducer<C, mixed_precision<dtype::f32, dtype::bf16>>, float>(
-        comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, false, false, "reduce in bf16");
-    reducer_average_case<bucketed_reducer<C, mixed_precision<dtype::f32, dtype::f16>>, float>(
-        comm, n * n * 0x1.0p-12 + 0x1.0p-11, expect_kind::average, false, false, "reduce in f16");
-    reducer_average_case<bucketed_reducer<C, comm_hook<compress_hook<dtype::bf16>>>, float>(
-        comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, false, false,
-        "compress_hook<bf16>");
+    reducer_average_case<bucketed_reducer<C, mixed_precision<dtype::f32, dtype::bf16>>, float,
+                         Space>(comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, false,
+                                "reduce in bf16");
+    reducer_average_case<bucketed_reducer<C, mixed_precision<dtype::f32, dtype::f16>>, float,
+                         Space>(comm, n * n * 0x1.0p-12 + 0x1.0p-11, expect_kind::average, false,
+                                "reduce in f16");
+    reducer_average_case<bucketed_reducer<C, comm_hook<compress_hook<dtype::bf16>>>, float, Space>(
+        comm, n * n * 0x1.0p-9 + 0x1.0p-9, expect_kind::average, false, "compress_hook<bf16>");
 }
 
 /// Counts the buckets it launches, then reduces like the default hook.
@@ -254,34 +301,33 @@ struct counting_hook {
 
 /// accumulate_steps = 3: two micro-steps without communication, then one sync of
 /// the accumulated gradients.
-template <communicator C>
+template <class Space, communicator C>
 void reducer_accumulation_case(C& comm, std::uint64_t seed = 21) {
     using namespace unison::policy;
     const int n = comm.size();
     int launches = 0, completions = 0;
-    std::vector<std::vector<float>> grads;
-    for (std::size_t s : reducer_sizes) {
-        grads.emplace_back(s, 0.0f);
-    }
+    space_gradients<Space, float, C> grads(comm, reducer_sizes);
     bucketed_reducer<C, comm_hook<counting_hook>> reducer(
         comm, {.bucket_bytes = 65536, .first_bucket_bytes = 4096, .accumulate_steps = 3},
         counting_hook{&launches, &completions});
-    for (auto& g : grads) {
-        reducer.add(g);
+    Space::attach(comm, reducer);
+    for (std::size_t g = 0; g < grads.size(); ++g) {
+        reducer.add(grads.tensor(g));
     }
     reducer.start();
     outcome o;
     for (int window = 0; window < 2; ++window) {
-        for (auto& g : grads) {
+        for (auto& g : grads.values) {
             std::fill(g.begin(), g.end(), 0.0f);
         }
         const int before = launches;
         for (int micro = 0; micro < 3; ++micro) {
             for (std::size_t g = grads.size(); g-- > 0;) {
-                for (std::size_t i = 0; i < grads[g].size(); ++i) {
-                    grads[g][i] +=
+                for (std::size_t i = 0; i < grads.values[g].size(); ++i) {
+                    grads.values[g][i] +=
                         static_cast<float>(grad_value(seed, window * 3 + micro, comm.rank(), g, i));
                 }
+                grads.put(reducer, g); // backward accumulates into the gradient
                 reducer.mark_ready(g);
             }
             const bool synced = reducer.finish();
@@ -294,7 +340,8 @@ void reducer_accumulation_case(C& comm, std::uint64_t seed = 21) {
                      completions == launches,
                  "the hook did not launch and complete every bucket once per window");
         for (std::size_t g = 0; g < grads.size(); ++g) {
-            for (std::size_t i = 0; i < grads[g].size(); ++i) {
+            grads.get(reducer, g);
+            for (std::size_t i = 0; i < grads.values[g].size(); ++i) {
                 double expected = 0.0;
                 for (int r = 0; r < n; ++r) {
                     double mine = 0.0;
@@ -304,9 +351,9 @@ void reducer_accumulation_case(C& comm, std::uint64_t seed = 21) {
                     expected += mine;
                 }
                 expected /= n;
-                o.expect(std::abs(grads[g][i] - expected) <= 3e-6 * n, [&] {
+                o.expect(std::abs(grads.values[g][i] - expected) <= 3e-6 * n, [&] {
                     return "window " + std::to_string(window) + " gradient " + std::to_string(g) +
-                           "[" + std::to_string(i) + "] = " + std::to_string(grads[g][i]) +
+                           "[" + std::to_string(i) + "] = " + std::to_string(grads.values[g][i]) +
                            ", expected " + std::to_string(expected);
                 });
             }
@@ -316,36 +363,37 @@ void reducer_accumulation_case(C& comm, std::uint64_t seed = 21) {
 }
 
 /// Unused parameters: gradient 2 is not marked on rank 0, gradient 3 on no rank.
-template <communicator C>
+template <class Space, communicator C>
 void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
     using namespace unison::policy;
     const int n = comm.size();
     const int rank = comm.rank();
     outcome o;
-    auto run = [&](auto& reducer, std::vector<std::vector<float>>& grads, int step, bool skip2,
-                   bool skip3) {
+    using gradients = space_gradients<Space, float, C>;
+    auto run = [&](auto& reducer, gradients& grads, int step, bool skip2, bool skip3) {
         for (std::size_t g = grads.size(); g-- > 0;) {
-            for (std::size_t i = 0; i < grads[g].size(); ++i) {
-                gradient_at(reducer, grads, g, i) =
-                    static_cast<float>(grad_value(seed, step, rank, g, i));
+            for (std::size_t i = 0; i < grads.values[g].size(); ++i) {
+                grads.values[g][i] = static_cast<float>(grad_value(seed, step, rank, g, i));
             }
+            grads.put(reducer, g);
             if ((g == 2 && skip2 && rank == 0) || (g == 3 && skip3)) {
                 continue; // never marked: its stale values must not leak into the result
             }
             reducer.mark_ready(g);
         }
     };
-    auto expect = [&](auto& reducer, std::vector<std::vector<float>>& grads, int step, bool skip2,
-                      bool skip3, const std::string& what) {
+    auto expect = [&](auto& reducer, gradients& grads, int step, bool skip2, bool skip3,
+                      const std::string& what) {
         for (std::size_t g = 0; g < grads.size(); ++g) {
-            for (std::size_t i = 0; i < grads[g].size(); ++i) {
+            grads.get(reducer, g);
+            for (std::size_t i = 0; i < grads.values[g].size(); ++i) {
                 double expected = 0.0;
                 for (int r = 0; r < n; ++r) {
                     const bool used = !((g == 2 && skip2 && r == 0) || (g == 3 && skip3));
                     expected += used ? grad_value(seed, step, r, g, i) : 0.0;
                 }
                 expected /= n;
-                const float got = gradient_at(reducer, grads, g, i);
+                const float got = grads.values[g][i];
                 o.expect(std::abs(got - expected) <= 4e-7 * n, [&] {
                     return what + ": gradient " + std::to_string(g) + "[" + std::to_string(i) +
                            "] = " + std::to_string(got) + ", expected " + std::to_string(expected);
@@ -354,13 +402,11 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
         }
     };
     {
-        std::vector<std::vector<float>> grads;
-        for (std::size_t s : reducer_sizes) {
-            grads.emplace_back(s, 0.0f);
-        }
         auto three_steps = [&](auto& reducer, const std::string& what) {
-            for (auto& g : grads) {
-                reducer.add(g);
+            gradients grads(comm, reducer_sizes);
+            Space::attach(comm, reducer);
+            for (std::size_t g = 0; g < grads.size(); ++g) {
+                reducer.add(grads.tensor(g));
             }
             reducer.start();
             for (int step = 0; step < 3; ++step) {
@@ -380,13 +426,11 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
         three_steps(held, "unused_as_zero, gradients_in_buckets");
     }
     {
-        std::vector<std::vector<float>> grads;
-        for (std::size_t s : reducer_sizes) {
-            grads.emplace_back(s, 0.0f);
-        }
+        gradients grads(comm, reducer_sizes);
         bucketed_reducer<C, unused_is_error> reducer(comm);
+        Space::attach(comm, reducer);
         for (std::size_t g = 0; g < grads.size(); ++g) {
-            reducer.add(grads[g], "layer" + std::to_string(g) + ".weight");
+            reducer.add(grads.tensor(g), "layer" + std::to_string(g) + ".weight");
         }
         reducer.start();
         run(reducer, grads, 0, true, false);
@@ -411,56 +455,60 @@ void reducer_unused_cases(C& comm, std::uint64_t seed = 31) {
 /// A gradient rebound after start() (a framework that reallocates its gradients) is
 /// read and written in its new memory from then on, and its old memory is left
 /// alone, on each path that reduces the gradients' own memory or copies from it.
-template <communicator C>
+template <class Space, communicator C>
 void reducer_rebind_case(C& comm, std::uint64_t seed = 51) {
     using namespace unison::policy;
     const int n = comm.size();
     const int rank = comm.rank();
     outcome o;
     auto check = [&](auto& reducer, const std::string& what) {
-        std::vector<std::vector<float>> first, second;
-        for (std::size_t s : reducer_sizes) {
-            first.emplace_back(s, 0.0f);
-            second.emplace_back(s, 0.0f);
-        }
-        for (auto& g : first) {
-            reducer.add(g);
+        space_gradients<Space, float, C> first(comm, reducer_sizes), second(comm, reducer_sizes);
+        Space::attach(comm, reducer);
+        for (std::size_t g = 0; g < first.size(); ++g) {
+            reducer.add(first.tensor(g));
         }
         reducer.start();
         std::vector<std::vector<float>> kept; // `first` after step 0
         for (int step = 0; step < 3; ++step) {
             if (step == 1) { // after the rebuild; every other gradient moves
-                kept = first;
+                kept = first.values;
                 for (std::size_t g = 1; g < first.size(); g += 2) {
-                    reducer.rebind(g, second[g]);
+                    reducer.rebind(g, second.tensor(g));
                 }
             }
-            auto grad = [&](std::size_t g) -> std::vector<float>& {
-                return step > 0 && g % 2 == 1 ? second[g] : first[g];
+            auto grads = [&](std::size_t g) -> space_gradients<Space, float, C>& {
+                return step > 0 && g % 2 == 1 ? second : first;
             };
             for (std::size_t g = first.size(); g-- > 0;) {
-                for (std::size_t i = 0; i < grad(g).size(); ++i) {
-                    grad(g)[i] = static_cast<float>(grad_value(seed, step, rank, g, i));
+                for (std::size_t i = 0; i < grads(g).values[g].size(); ++i) {
+                    grads(g).values[g][i] = static_cast<float>(grad_value(seed, step, rank, g, i));
                 }
+                grads(g).put(reducer, g);
                 reducer.mark_ready(g);
             }
             (void)reducer.finish();
+            std::vector<float> old;
             for (std::size_t g = 0; g < first.size(); ++g) {
-                for (std::size_t i = 0; i < first[g].size(); ++i) {
+                grads(g).get(reducer, g);
+                const bool moved = step > 0 && g % 2 == 1;
+                if (moved) {
+                    first.get_own(g, old);
+                }
+                for (std::size_t i = 0; i < first.values[g].size(); ++i) {
                     double expected = 0.0;
                     for (int r = 0; r < n; ++r) {
                         expected += grad_value(seed, step, r, g, i);
                     }
                     expected /= n;
-                    const float got = grad(g)[i];
+                    const float got = grads(g).values[g][i];
                     o.expect(std::abs(got - expected) <= 4e-7 * n, [&] {
                         return what + " step " + std::to_string(step) + ": gradient " +
                                std::to_string(g) + "[" + std::to_string(i) +
                                "] = " + std::to_string(got) + ", expected " +
                                std::to_string(expected);
                     });
-                    if (step > 0 && g % 2 == 1) {
-                        o.expect(first[g][i] == kept[g][i], [&] {
+                    if (moved) {
+                        o.expect(old[i] == kept[g][i], [&] {
                             return what + " step " + std::to_string(step) + ": gradient " +
                                    std::to_string(g) + "'s old memory was written after rebind";
                         });
@@ -479,17 +527,15 @@ void reducer_rebind_case(C& comm, std::uint64_t seed = 51) {
 
 /// join: rank r has data for 2 + r steps; every rank keeps stepping until the last
 /// one is done, and the average is over the ranks that had data.
-template <communicator C>
+template <class Space, communicator C>
 void reducer_join_case(C& comm, std::uint64_t seed = 41) {
     const int n = comm.size();
     const int rank = comm.rank();
-    std::vector<std::vector<float>> grads;
-    for (std::size_t s : reducer_sizes) {
-        grads.emplace_back(s, 0.0f);
-    }
+    space_gradients<Space, float, C> grads(comm, reducer_sizes);
     bucketed_reducer<C> reducer(comm, {.bucket_bytes = 65536, .first_bucket_bytes = 4096});
-    for (auto& g : grads) {
-        reducer.add(g);
+    Space::attach(comm, reducer);
+    for (std::size_t g = 0; g < grads.size(); ++g) {
+        reducer.add(grads.tensor(g));
     }
     reducer.start();
     join j(reducer);
@@ -498,9 +544,10 @@ void reducer_join_case(C& comm, std::uint64_t seed = 41) {
     while (j.next(step < 2 + rank)) {
         if (j.has_data()) {
             for (std::size_t g = grads.size(); g-- > 0;) {
-                for (std::size_t i = 0; i < grads[g].size(); ++i) {
-                    grads[g][i] = static_cast<float>(grad_value(seed, step, rank, g, i));
+                for (std::size_t i = 0; i < grads.values[g].size(); ++i) {
+                    grads.values[g][i] = static_cast<float>(grad_value(seed, step, rank, g, i));
                 }
+                grads.put(reducer, g);
                 reducer.mark_ready(g);
             }
         }
@@ -510,15 +557,16 @@ void reducer_join_case(C& comm, std::uint64_t seed = 41) {
                  "step " + std::to_string(step) + ": " + std::to_string(j.active_ranks()) +
                      " active ranks, expected " + std::to_string(active));
         for (std::size_t g = 0; g < grads.size(); ++g) {
-            for (std::size_t i = 0; i < grads[g].size(); i += 7) {
+            grads.get(reducer, g);
+            for (std::size_t i = 0; i < grads.values[g].size(); i += 7) {
                 double expected = 0.0;
                 for (int r = 0; r < n; ++r) {
                     expected += step < 2 + r ? grad_value(seed, step, r, g, i) : 0.0;
                 }
                 expected /= active;
-                o.expect(std::abs(grads[g][i] - expected) <= 4e-7 * n, [&] {
+                o.expect(std::abs(grads.values[g][i] - expected) <= 4e-7 * n, [&] {
                     return "join step " + std::to_string(step) + " gradient " + std::to_string(g) +
-                           " = " + std::to_string(grads[g][i]) + ", expected " +
+                           " = " + std::to_string(grads.values[g][i]) + ", expected " +
                            std::to_string(expected);
                 });
             }
@@ -531,7 +579,8 @@ void reducer_join_case(C& comm, std::uint64_t seed = 41) {
 }
 
 /// Misuse is an argument_error naming what was wrong; a registration that differs
-/// across ranks is a mismatch_error on every rank.
+/// across ranks is a mismatch_error on every rank. (Host memory: the errors are
+/// the same wherever the gradients are, and the checks use host collectives.)
 template <communicator C>
 void reducer_error_cases(C& comm) {
     using namespace unison::policy;

@@ -1,9 +1,12 @@
 #pragma once
 
 // The DDP suite: the bucketed reducer and ddp training, written once over a backend
-// fixture (tests/support/backends.hpp) and registered for a backend by
-// UNISON_DDP_SUITE(fixture) in its test file. The models and gradients are host
-// memory; DDP on device is compared with DDP on the host in tests/cuda/.
+// fixture (tests/support/backends.hpp, tests/cuda/backends.cuh) and registered for a
+// backend by UNISON_DDP_SUITE(fixture) in its test file. The reducer's cases run on
+// the fixture's memory space (host memory, or the GPU of the NCCL and
+// thread-on-GPU fixtures, where the reducer takes its device paths); the misuse
+// and training cases only where that space is host memory (their models compute
+// on the host, and their checks use host collectives).
 
 #include "../ddp/cases.hpp"
 #include "../ddp/training.hpp"
@@ -14,22 +17,28 @@
 
 TEST_CASE_TEMPLATE_DEFINE("ddp: every policy averages like the double reference", Backend,
                           ddp_policies) {
-    Backend::run([](auto& comm) { unison::test::reducer_policy_cases(comm); });
+    Backend::run(
+        [](auto& comm) { unison::test::reducer_policy_cases<typename Backend::space>(comm); });
 }
 TEST_CASE_TEMPLATE_DEFINE("ddp: gradient accumulation communicates once per window", Backend,
                           ddp_accumulation) {
-    Backend::run([](auto& comm) { unison::test::reducer_accumulation_case(comm); });
+    Backend::run(
+        [](auto& comm) { unison::test::reducer_accumulation_case<typename Backend::space>(comm); });
 }
 TEST_CASE_TEMPLATE_DEFINE("ddp: unused parameters", Backend, ddp_unused) {
-    Backend::run([](auto& comm) { unison::test::reducer_unused_cases(comm); });
+    Backend::run(
+        [](auto& comm) { unison::test::reducer_unused_cases<typename Backend::space>(comm); });
 }
 TEST_CASE_TEMPLATE_DEFINE("ddp: a rebound gradient is reduced in its new memory", Backend,
                           ddp_rebind) {
-    Backend::run([](auto& comm) { unison::test::reducer_rebind_case(comm); });
+    Backend::run(
+        [](auto& comm) { unison::test::reducer_rebind_case<typename Backend::space>(comm); });
 }
 TEST_CASE_TEMPLATE_DEFINE("ddp: join with uneven inputs", Backend, ddp_join) {
-    Backend::run([](auto& comm) { unison::test::reducer_join_case(comm); });
+    Backend::run(
+        [](auto& comm) { unison::test::reducer_join_case<typename Backend::space>(comm); });
 }
+// Host memory only (registered through if_host_memory).
 TEST_CASE_TEMPLATE_DEFINE("ddp: misuse is reported", Backend, ddp_misuse) {
     Backend::run([](auto& comm) { unison::test::reducer_error_cases(comm); });
 }
@@ -52,7 +61,7 @@ TEST_CASE_TEMPLATE_DEFINE("ddp: a rank that skips a step is caught at the step's
     TEST_CASE_TEMPLATE_INVOKE(ddp_unused, Backend);                                                \
     TEST_CASE_TEMPLATE_INVOKE(ddp_rebind, Backend);                                                \
     TEST_CASE_TEMPLATE_INVOKE(ddp_join, Backend);                                                  \
-    TEST_CASE_TEMPLATE_INVOKE(ddp_misuse, Backend);                                                \
-    TEST_CASE_TEMPLATE_INVOKE(ddp_training, Backend);                                              \
-    TEST_CASE_TEMPLATE_INVOKE(ddp_loss_normalization, Backend);                                    \
-    TEST_CASE_TEMPLATE_INVOKE(ddp_skipped_step, Backend)
+    TEST_CASE_TEMPLATE_APPLY(ddp_misuse, unison::test::if_host_memory<Backend>);                   \
+    TEST_CASE_TEMPLATE_APPLY(ddp_training, unison::test::if_host_memory<Backend>);                 \
+    TEST_CASE_TEMPLATE_APPLY(ddp_loss_normalization, unison::test::if_host_memory<Backend>);       \
+    TEST_CASE_TEMPLATE_APPLY(ddp_skipped_step, unison::test::if_host_memory<Backend>)

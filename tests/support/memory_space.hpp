@@ -1,17 +1,22 @@
 #pragma once
 
-// Where a collective case keeps its tensors. The cases compute their inputs on the
-// host (reference.hpp), put them where the backend under test moves memory with
+// Where a case keeps its tensors. The cases compute their inputs on the host
+// (reference.hpp), put them where the backend under test moves memory with
 // `Space::make`, run the collective on `tensor.view()`, and check what
 // `Space::read` brings back against the double-precision reference. The host
 // space hands the host_buffer itself through; the device space of
 // tests/cuda/backends.hpp copies it to the communicator's GPU and back.
+//
+// The engines' cases (DDP, sharding) also write and read memory the engine hands
+// out (a gradient inside a bucket) with `Space::store` and `Space::load`, and put
+// the engine itself in the space with `Space::attach` (an engine_space).
 
 #include "reference.hpp"
 
 #include <unison/comm/communicator.hpp>
 
 #include <concepts>
+#include <cstring>
 #include <utility>
 
 namespace unison::test {
@@ -31,6 +36,20 @@ concept memory_space = communicator<C> &&
     { Space::on_host } -> std::convertible_to<bool>;
 };
 
+/// A memory space the engines' cases can use:
+///   `Space::store(comm, dst, values)` -- copies `dst.count` elements of
+///       `dst.type` from host memory `values` into `dst`;
+///   `Space::load(comm, src, values)` -- copies `src` into host memory `values`
+///       once every operation on it has completed;
+///   `Space::attach(comm, engine)` -- puts an engine (bucketed_reducer, ddp,
+///       sharded_parameters, fsdp) in the space, before anything is added to it.
+template <class Space, class C>
+concept engine_space = memory_space<Space, C> &&
+    requires(C& comm, buffer dst, const_buffer src, void* out, const void* in) {
+    Space::store(comm, dst, in);
+    Space::load(comm, src, out);
+};
+
 /// Host memory: the tensor is the host_buffer itself, moved in and read in place.
 struct host_space {
     using tensor = host_buffer;
@@ -44,6 +63,17 @@ struct host_space {
     static const host_buffer& read(C&, const host_buffer& t) {
         return t;
     }
+    template <communicator C>
+    static void store(C&, buffer dst, const void* values) {
+        std::memcpy(dst.data, values, dst.count * size_of(dst.type));
+    }
+    template <communicator C>
+    static void load(C&, const_buffer src, void* values) {
+        std::memcpy(values, src.data, src.count * size_of(src.type));
+    }
+    /// Host memory is where every engine starts.
+    template <communicator C, class Engine>
+    static void attach(C&, Engine&) {}
 };
 
 } // namespace unison::test
