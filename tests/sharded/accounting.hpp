@@ -10,8 +10,12 @@
 //     inf on one rank is skipped on all of them bit for bit (parameters, master
 //     weights, optimizer state, counter), and the scaled run equals an unscaled run
 //     that never took the bad step, bit for bit.
+// The cases run over a memory space (tests/support/memory_space.hpp): on a device
+// fixture the parameters, gradients, master weights and optimizer state are on the
+// GPU, the gradients are stored there and the partitions loaded back.
 
 #include "../collectives/cases.hpp"
+#include "../support/memory_space.hpp"
 
 #include <unison/comm/counting_communicator.hpp>
 #include <unison/sharded.hpp>
@@ -71,11 +75,11 @@ void add_accounting_units(SP& sp) {
 }
 
 /// One training step on synthetic gradients: forward gathers, backward gathers,
-/// writes `scale` times this rank's gradients (with an inf where `poison`), reduces.
-/// `quantize` rounds the gradients to multiples of 2^-7, so that no sum of a few
-/// ranks' gradients, nor its average, is small enough to be subnormal in fp16 (where
-/// scaling by a power of two would stop being exact).
-template <class G, class SP>
+/// writes `scale` times this rank's gradients (with an inf where `poison`) into the
+/// gradients in `Space`, reduces. `quantize` rounds the gradients to multiples of
+/// 2^-7, so that no sum of a few ranks' gradients, nor its average, is small enough
+/// to be subnormal in fp16 (where scaling by a power of two would stop being exact).
+template <class G, class Space = host_space, class SP>
 void synthetic_backward(SP& sp, std::uint64_t seed, double scale, bool poison = false,
                         bool quantize = false) {
     for (std::size_t u = 0; u < sp.unit_count(); ++u) {
@@ -91,34 +95,47 @@ void synthetic_backward(SP& sp, std::uint64_t seed, double scale, bool poison = 
         sp.gather(u, pass::backward);
         const auto [first, last] = sp.parameters_of(u);
         for (std::size_t id = first; id < last; ++id) {
-            auto g = sp.template gradient<G>(id);
+            const view<G> g = sp.template gradient<G>(id);
+            std::vector<G> values(g.size);
             for (std::size_t i = 0; i < g.size; ++i) {
                 double x = synthetic(seed, rank, id * 10000 + i);
                 if (quantize) {
                     x = std::round(x * 128.0) / 128.0;
                 }
-                g.data[i] = static_cast<G>(static_cast<float>(x * scale));
+                values[i] = static_cast<G>(static_cast<float>(x * scale));
             }
             if (poison && id == first) {
-                g.data[g.size / 2] = static_cast<G>(std::numeric_limits<float>::infinity());
+                values[g.size / 2] = static_cast<G>(std::numeric_limits<float>::infinity());
             }
+            Space::store(sp.communicator(), buffer{g.data, g.size, dtype_of<G>, g.location},
+                         values.data());
         }
         sp.reduce_gradients(u);
         sp.release(u, pass::backward);
     }
 }
 
+/// `count` elements of `type` at `data` in `sp`'s memory, as bytes on the host.
+template <class Space, class SP>
+std::vector<unsigned char> loaded(SP& sp, const void* data, std::size_t count, dtype type) {
+    std::vector<unsigned char> out(count * size_of(type));
+    Space::load(sp.communicator(), const_buffer(data, count, type, sp.location()), out.data());
+    return out;
+}
+
 /// Memory and traffic of `Sharding` with bf16 parameters, f32 master weights and AdamW.
-template <class Sharding, communicator C>
+template <class Sharding, class Space, communicator C>
 void accounting_case(C& comm, const std::string& name) {
     using namespace unison::policy;
     counting_communicator<C> counted(comm);
     using sp_type = sharded_parameters<counting_communicator<C>, Sharding,
                                        mixed_precision<dtype::bf16, dtype::bf16, dtype::f32>>;
     sp_type sp(counted, {.shard_group_size = comm.size()});
+    Space::attach(comm, sp);
     add_accounting_units(sp);
     sp.start();
     partitioned_optimizer<sp_type, optim::adamw> opt(sp, optim::adamw{});
+    Space::attach(comm, opt);
 
     const double psi = static_cast<double>(sp.numel());
     const double n = comm.size();
@@ -135,11 +152,11 @@ void accounting_case(C& comm, const std::string& name) {
                                   std::to_string(expected) + " (Psi = " + std::to_string(psi) +
                                   ", N = " + std::to_string(comm.size()) + ")");
 
-    synthetic_backward<bf16>(sp, 1, 1.0);
+    synthetic_backward<bf16, Space>(sp, 1, 1.0);
     opt.step();
     sp.zero_grad();
     counted.reset();
-    synthetic_backward<bf16>(sp, 2, 1.0);
+    synthetic_backward<bf16, Space>(sp, 2, 1.0);
     opt.step();
     const double moved = counted.of(operation::all_gather).ring_elements +
                          counted.of(operation::reduce_scatter).ring_elements +
@@ -160,17 +177,25 @@ void accounting_case(C& comm, const std::string& name) {
 
 /// bf16 parameters, f32 reduction and master weights, AdamW: after 3 steps the master
 /// partition equals a double AdamW on the rounded averaged gradients (1e-5 relative)
-/// and the bf16 parameters are the rounded master exactly.
-template <class Sharding, communicator C>
-void mixed_precision_case(C& comm, const std::string& name) {
+/// and the bf16 parameters are the rounded master exactly. With shard::hybrid the
+/// ranks split into two shard groups where they can (hybrid_group). With
+/// `max_grad_norm` the gradients are clipped to that global norm first (the
+/// synthetic gradients' norm is about 40).
+template <class Sharding, class Space, communicator C>
+void mixed_precision_case(C& comm, const std::string& name, double max_grad_norm = 0.0) {
     using namespace unison::policy;
     using sp_type =
         sharded_parameters<C, Sharding, mixed_precision<dtype::bf16, dtype::f32, dtype::f32>>;
-    sp_type sp(comm, {.shard_group_size = comm.size()});
+    sp_type sp(comm, {.shard_group_size =
+                          sp_type::strategy::hybrid ? hybrid_group(comm.size()) : comm.size()});
+    Space::attach(comm, sp);
     add_accounting_units(sp);
     sp.start();
-    const optim::adamw hyper{1e-2, 0.9, 0.999, 1e-8, 1e-2};
-    partitioned_optimizer<sp_type, optim::adamw> opt(sp, hyper);
+    // With clipping a large eps: Adam's update is otherwise nearly the same for any
+    // common scale of the gradients, and a step that skipped the clipping would pass.
+    const optim::adamw hyper{1e-2, 0.9, 0.999, max_grad_norm > 0.0 ? 0.05 : 1e-8, 1e-2};
+    partitioned_optimizer<sp_type, optim::adamw> opt(sp, hyper, {.max_grad_norm = max_grad_norm});
+    Space::attach(comm, opt);
     const int n = comm.size();
 
     // The reference: full master, m, v in double for every parameter.
@@ -186,19 +211,29 @@ void mixed_precision_case(C& comm, const std::string& name) {
     }
     outcome o;
     for (int step = 1; step <= 3; ++step) {
-        synthetic_backward<bf16>(sp, 10 + step, 1.0);
+        synthetic_backward<bf16, Space>(sp, 10 + step, 1.0);
         opt.step();
         sp.zero_grad(); // gradients accumulate until zeroed
+        // The gradient as the library sees it: bf16 per rank, summed in f32, averaged,
+        // rounded to bf16 for storage; then clipped by the global norm.
+        std::vector<std::vector<double>> grad(sp.parameter_count());
+        double squares = 0.0;
         for (std::size_t id = 0; id < sp.parameter_count(); ++id) {
             for (std::size_t i = 0; i < master[id].size(); ++i) {
-                // The gradient as the library sees it: bf16 per rank, summed in f32,
-                // averaged, rounded to bf16 for storage.
                 float sum = 0.0f;
                 for (int r = 0; r < n; ++r) {
                     sum += static_cast<float>(
                         bf16(static_cast<float>(synthetic(10 + step, r, id * 10000 + i))));
                 }
-                const double g = static_cast<float>(bf16(sum * static_cast<float>(1.0 / n)));
+                grad[id].push_back(static_cast<float>(bf16(sum * static_cast<float>(1.0 / n))));
+                squares += grad[id].back() * grad[id].back();
+            }
+        }
+        const double clip =
+            max_grad_norm > 0.0 ? std::min(1.0, max_grad_norm / (std::sqrt(squares) + 1e-6)) : 1.0;
+        for (std::size_t id = 0; id < sp.parameter_count(); ++id) {
+            for (std::size_t i = 0; i < master[id].size(); ++i) {
+                const double g = grad[id][i] * clip;
                 double& p = master[id][i];
                 p *= 1 - hyper.lr * hyper.weight_decay;
                 m[id][i] = hyper.beta1 * m[id][i] + (1 - hyper.beta1) * g;
@@ -211,8 +246,12 @@ void mixed_precision_case(C& comm, const std::string& name) {
     }
     for (std::size_t k = 0; k < sp.unit_count(); ++k) {
         auto part = sp.partition_of(k);
-        const auto* mp = static_cast<const float*>(part.master);
-        const auto* pp = static_cast<const bf16*>(part.param);
+        const auto master_bytes =
+            loaded<Space>(sp, part.master, part.range.size(), sp_type::master_dtype);
+        const auto param_bytes =
+            loaded<Space>(sp, part.param, part.range.size(), sp_type::param_dtype);
+        const auto* mp = reinterpret_cast<const float*>(master_bytes.data());
+        const auto* pp = reinterpret_cast<const bf16*>(param_bytes.data());
         const auto [first, last] = sp.parameters_of(k);
         for (std::size_t id = first; id < last; ++id) {
             const std::size_t off = sp.offset_of(id);
@@ -238,40 +277,43 @@ void mixed_precision_case(C& comm, const std::string& name) {
     UNISON_CHECK_CASE(comm, name, o);
 }
 
-/// Everything a step may change on this rank, as bytes.
-template <class Opt>
+/// Everything a step may change on this rank, as bytes (loaded from `Space`).
+template <class Space = host_space, class Opt>
 std::vector<unsigned char> optimizer_bytes(Opt& opt) {
     auto& sp = opt.parameters();
     using sp_type = std::remove_reference_t<decltype(sp)>;
     std::vector<unsigned char> out;
-    auto append = [&](const void* p, std::size_t bytes) {
-        const auto* b = static_cast<const unsigned char*>(p);
-        out.insert(out.end(), b, b + bytes);
+    auto append = [&](const void* p, std::size_t count, dtype type) {
+        const auto b = loaded<Space>(sp, p, count, type);
+        out.insert(out.end(), b.begin(), b.end());
     };
     for (std::size_t k = 0; k < sp.unit_count(); ++k) {
         auto part = sp.partition_of(k);
         const std::size_t count = part.range.size();
-        append(part.param, count * size_of(sp_type::param_dtype));
+        append(part.param, count, sp_type::param_dtype);
         if (part.master != nullptr) {
-            append(part.master, count * size_of(sp_type::master_dtype));
+            append(part.master, count, sp_type::master_dtype);
         }
         for (std::size_t s = 0; s < Opt::optimizer_type::slots; ++s) {
-            append(opt.state(k, s), count * size_of(Opt::state_dtype));
+            append(opt.state(k, s), count, Opt::state_dtype);
         }
     }
     const std::uint64_t steps = opt.steps();
-    append(&steps, sizeof steps);
+    const auto* b = reinterpret_cast<const unsigned char*>(&steps);
+    out.insert(out.end(), b, b + sizeof steps);
     return out;
 }
 
 /// fp16 parameters with dynamic loss scaling; step 2 has an inf on one rank.
-template <class Sharding, communicator C>
+template <class Sharding, class Space, communicator C>
 void loss_scaling_case(C& comm, const std::string& name) {
     using namespace unison::policy;
     using sp_type =
         sharded_parameters<C, Sharding, mixed_precision<dtype::f16, dtype::f16, dtype::f32>>;
     sp_type scaled_sp(comm, {.shard_group_size = comm.size()}),
         plain_sp(comm, {.shard_group_size = comm.size()});
+    Space::attach(comm, scaled_sp);
+    Space::attach(comm, plain_sp);
     add_accounting_units(scaled_sp);
     add_accounting_units(plain_sp);
     scaled_sp.start();
@@ -282,6 +324,8 @@ void loss_scaling_case(C& comm, const std::string& name) {
     dls.growth_interval = 2;
     partitioned_optimizer<sp_type, optim::adam> scaled(scaled_sp, hyper, {}, dls);
     partitioned_optimizer<sp_type, optim::adam> plain(plain_sp, hyper);
+    Space::attach(comm, scaled);
+    Space::attach(comm, plain);
 
     const double scales[] = {1024, 1024, 2048, 1024, 1024, 2048};
     const int bad_step = 2;
@@ -292,40 +336,49 @@ void loss_scaling_case(C& comm, const std::string& name) {
                                         std::to_string(s) + ", expected " +
                                         std::to_string(scales[step]));
         const bool poison = step == bad_step && comm.rank() == (step % comm.size());
-        synthetic_backward<half>(scaled_sp, 20 + static_cast<std::uint64_t>(step), s, poison, true);
-        const auto before = optimizer_bytes(scaled);
+        synthetic_backward<half, Space>(scaled_sp, 20 + static_cast<std::uint64_t>(step), s, poison,
+                                        true);
+        const auto before = optimizer_bytes<Space>(scaled);
         const step_result r = scaled.step();
         scaled_sp.zero_grad();
         if (step == bad_step) {
             o.expect(r.skipped, "the step with an inf was not skipped");
-            o.expect(optimizer_bytes(scaled) == before,
+            o.expect(optimizer_bytes<Space>(scaled) == before,
                      "the skipped step changed parameters, master weights, state or the counter");
         } else {
             o.expect(!r.skipped, "step " + std::to_string(step) + " skipped without an inf");
-            synthetic_backward<half>(plain_sp, 20 + static_cast<std::uint64_t>(step), 1.0, false,
-                                     true);
+            synthetic_backward<half, Space>(plain_sp, 20 + static_cast<std::uint64_t>(step), 1.0,
+                                            false, true);
             plain.step();
             plain_sp.zero_grad();
         }
     }
     o.expect(scaled.steps() == 5,
              "step counter " + std::to_string(scaled.steps()) + ", expected 5");
-    o.expect(optimizer_bytes(scaled) == optimizer_bytes(plain),
+    o.expect(optimizer_bytes<Space>(scaled) == optimizer_bytes<Space>(plain),
              "the loss-scaled run differs from the unscaled run that skipped the bad step");
     UNISON_CHECK_CASE(comm, name, o);
 }
 
-template <communicator C>
+template <class Space, communicator C>
 void sharded_accounting_cases(C& comm) {
     using namespace unison::policy;
-    accounting_case<zero<0>>(comm, "memory and traffic, zero<0> (DDP)");
-    accounting_case<zero<1>>(comm, "memory and traffic, zero<1>");
-    accounting_case<zero<2>>(comm, "memory and traffic, zero<2>");
-    accounting_case<zero<3>>(comm, "memory and traffic, zero<3>");
-    mixed_precision_case<zero<1>>(comm, "bf16 parameters, f32 master, zero<1>");
-    mixed_precision_case<zero<3>>(comm, "bf16 parameters, f32 master, zero<3>");
-    loss_scaling_case<zero<2>>(comm, "fp16 dynamic loss scaling, zero<2>");
-    loss_scaling_case<zero<3>>(comm, "fp16 dynamic loss scaling, zero<3>");
+    accounting_case<zero<0>, Space>(comm, "memory and traffic, zero<0> (DDP)");
+    accounting_case<zero<1>, Space>(comm, "memory and traffic, zero<1>");
+    accounting_case<zero<2>, Space>(comm, "memory and traffic, zero<2>");
+    accounting_case<zero<3>, Space>(comm, "memory and traffic, zero<3>");
+    mixed_precision_case<zero<0>, Space>(comm, "bf16 parameters, f32 master, zero<0>");
+    mixed_precision_case<zero<1>, Space>(comm, "bf16 parameters, f32 master, zero<1>");
+    mixed_precision_case<zero<2>, Space>(comm, "bf16 parameters, f32 master, zero<2>");
+    mixed_precision_case<zero<3>, Space>(comm, "bf16 parameters, f32 master, zero<3>");
+    mixed_precision_case<shard::grad_op, Space>(comm, "bf16 parameters, f32 master, grad_op");
+    mixed_precision_case<shard::hybrid, Space>(comm, "bf16 parameters, f32 master, hybrid");
+    mixed_precision_case<zero<3>, Space>(comm, "bf16 parameters, f32 master, zero<3>, clipped",
+                                         5.0);
+    mixed_precision_case<shard::hybrid, Space>(comm, "bf16 parameters, f32 master, hybrid, clipped",
+                                               5.0);
+    loss_scaling_case<zero<2>, Space>(comm, "fp16 dynamic loss scaling, zero<2>");
+    loss_scaling_case<zero<3>, Space>(comm, "fp16 dynamic loss scaling, zero<3>");
 }
 
 } // namespace unison::test

@@ -1,9 +1,12 @@
 #pragma once
 
 // The sharded (FSDP / ZeRO) suite, written once over a backend fixture
-// (tests/support/backends.hpp) and registered for a backend by
-// UNISON_SHARDED_SUITE(fixture) in its test file. The models are host memory;
-// sharding on device is compared with sharding on the host in tests/cuda/.
+// (tests/support/backends.hpp, tests/cuda/backends.cuh) and registered for a
+// backend by UNISON_SHARDED_SUITE(fixture) in its test file. The accounting cases
+// (memory and traffic, mixed precision against a double AdamW, clipping, loss
+// scaling) run on the fixture's memory space, the GPU on the device fixtures; the
+// others train the examples' host MLP or check host-side behaviour, and run where
+// the space is host memory.
 
 #include "../sharded/accounting.hpp"
 #include "../sharded/accumulation.hpp"
@@ -26,7 +29,8 @@ TEST_CASE_TEMPLATE_DEFINE("sharded: gradient accumulation in every mode equals o
 }
 TEST_CASE_TEMPLATE_DEFINE("sharded: memory and traffic formulas, mixed precision, loss scaling",
                           Backend, sharded_accounting) {
-    Backend::run([](auto& comm) { unison::test::sharded_accounting_cases(comm); });
+    Backend::run(
+        [](auto& comm) { unison::test::sharded_accounting_cases<typename Backend::space>(comm); });
 }
 TEST_CASE_TEMPLATE_DEFINE("sharded: checkpoints restage at the same world size, reject bad files",
                           Backend, sharded_checkpoints) {
@@ -55,10 +59,10 @@ TEST_CASE_TEMPLATE_DEFINE("sharded: a rank that skips a step is caught at the st
 
 /// Registers every test case of the sharded suite for backend fixture `Backend`.
 #define UNISON_SHARDED_SUITE(Backend)                                                              \
-    TEST_CASE_TEMPLATE_INVOKE(sharded_training, Backend);                                          \
-    TEST_CASE_TEMPLATE_INVOKE(sharded_accumulation, Backend);                                      \
     TEST_CASE_TEMPLATE_INVOKE(sharded_accounting, Backend);                                        \
-    TEST_CASE_TEMPLATE_INVOKE(sharded_checkpoints, Backend);                                       \
-    TEST_CASE_TEMPLATE_INVOKE(sharded_engine, Backend);                                            \
-    TEST_CASE_TEMPLATE_INVOKE(sharded_misuse, Backend);                                            \
-    TEST_CASE_TEMPLATE_INVOKE(sharded_skipped_step, Backend)
+    TEST_CASE_TEMPLATE_APPLY(sharded_training, unison::test::if_host_memory<Backend>);             \
+    TEST_CASE_TEMPLATE_APPLY(sharded_accumulation, unison::test::if_host_memory<Backend>);         \
+    TEST_CASE_TEMPLATE_APPLY(sharded_checkpoints, unison::test::if_host_memory<Backend>);          \
+    TEST_CASE_TEMPLATE_APPLY(sharded_engine, unison::test::if_host_memory<Backend>);               \
+    TEST_CASE_TEMPLATE_APPLY(sharded_misuse, unison::test::if_host_memory<Backend>);               \
+    TEST_CASE_TEMPLATE_APPLY(sharded_skipped_step, unison::test::if_host_memory<Backend>)
