@@ -52,5 +52,5 @@ static_assert(engine_space<nccl_engines::space, nccl_communicator>);
 
 TYPE_TO_STRING_AS("thread_on_gpu", unison::test::backend::thread_on_gpu);
 #if UNISON_HAS_NCCL()
-TYPE_TO_STRING_AS("nccl", unison::test::backend::nccl_engines);
+TYPE_TO_STRING_AS("nccl_engines", unison::test::backend::nccl_engines);
 #endif

@@ -13,3 +13,11 @@ UNISON_DDP_SUITE(unison::test::backend::thread_on_gpu);
 #if UNISON_HAS_NCCL()
 UNISON_DDP_SUITE(unison::test::backend::nccl_engines);
 #endif
+
+// Beyond the suite's 1 to 4 ranks: every policy at 8 thread ranks on one GPU.
+TEST_CASE("ddp on device: every policy at 8 thread ranks on one GPU") {
+    unison::thread_world(8).run([](unison::thread_communicator& comm) {
+        unison::cuda::use_device(comm, 0);
+        unison::test::reducer_policy_cases<unison::test::device_engine_space>(comm);
+    });
+}

@@ -10,3 +10,16 @@ UNISON_SHARDED_SUITE(unison::test::backend::thread_on_gpu);
 #if UNISON_HAS_NCCL()
 UNISON_SHARDED_SUITE(unison::test::backend::nccl_engines);
 #endif
+
+// Beyond the suite's 1 to 4 ranks: 8 thread ranks on one GPU, hybrid in two groups
+// of 4.
+TEST_CASE("sharded on device: ZeRO-3 and hybrid at 8 thread ranks on one GPU") {
+    unison::thread_world(8).run([](unison::thread_communicator& comm) {
+        unison::cuda::use_device(comm, 0);
+        using space = unison::test::device_engine_space;
+        unison::test::mixed_precision_case<unison::policy::zero<3>, space>(
+            comm, "bf16 parameters, f32 master, zero<3>, 8 ranks");
+        unison::test::mixed_precision_case<unison::policy::shard::hybrid, space>(
+            comm, "bf16 parameters, f32 master, hybrid, 8 ranks, clipped", 5.0);
+    });
+}

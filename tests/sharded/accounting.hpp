@@ -177,10 +177,11 @@ void accounting_case(C& comm, const std::string& name) {
 
 /// bf16 parameters, f32 reduction and master weights, AdamW: after 3 steps the master
 /// partition equals a double AdamW on the rounded averaged gradients (1e-5 relative)
-/// and the bf16 parameters are the rounded master exactly. With shard::hybrid the
-/// ranks split into two shard groups where they can (hybrid_group). With
-/// `max_grad_norm` the gradients are clipped to that global norm first (the
-/// synthetic gradients' norm is about 40).
+/// and the bf16 parameters are the rounded master exactly; the full parameters
+/// (published, or gathered) are the reference in bf16 on every rank. With
+/// shard::hybrid the ranks split into two shard groups where they can
+/// (hybrid_group). With `max_grad_norm` the gradients are clipped to that global
+/// norm first (the synthetic gradients' norm is about 40).
 template <class Sharding, class Space, communicator C>
 void mixed_precision_case(C& comm, const std::string& name, double max_grad_norm = 0.0) {
     using namespace unison::policy;
@@ -273,6 +274,27 @@ void mixed_precision_case(C& comm, const std::string& name, double max_grad_norm
                 });
             }
         }
+    }
+    // The full parameters every rank computes with (published after the step, or
+    // gathered from the shards): every element, whoever owns it, is the reference
+    // rounded to bf16 (a master within 1e-5 of it may round to the neighbour).
+    for (std::size_t k = 0; k < sp.unit_count(); ++k) {
+        sp.gather(k, pass::backward);
+        const auto [first, last] = sp.parameters_of(k);
+        for (std::size_t id = first; id < last; ++id) {
+            const view<bf16> p = sp.template parameter<bf16>(id);
+            const auto bytes = loaded<Space>(sp, p.data, p.size, dtype::bf16);
+            const auto* full = reinterpret_cast<const bf16*>(bytes.data());
+            for (std::size_t i = 0; i < p.size; ++i) {
+                const double got = static_cast<float>(full[i]);
+                const double want = master[id][i];
+                o.expect(std::abs(got - want) <= 0x1.0p-8 * std::abs(want) + 1e-5, [&] {
+                    return sp.name(id) + "[" + std::to_string(i) + "] full parameter " +
+                           std::to_string(got) + ", double reference " + std::to_string(want);
+                });
+            }
+        }
+        sp.release(k, pass::backward);
     }
     UNISON_CHECK_CASE(comm, name, o);
 }

@@ -20,9 +20,10 @@
 
 #include "unison/comm/collectives.hpp"
 #include "unison/core/error.hpp"
+#include "unison/parallel/detail/control.hpp"
 
 #include <cstdint>
-#include <vector>
+#include <span>
 
 namespace unison {
 
@@ -33,11 +34,14 @@ public:
 
     /// Collective (one small all-reduce): reports whether this rank has data for the
     /// coming step and returns false once no rank has. When this rank has none, its
-    /// zero contribution is registered with the reducer right away.
+    /// zero contribution is registered with the reducer right away. (The count is
+    /// staged through the reducer's device where the communicator moves device
+    /// memory only, as NCCL does.)
     bool next(bool has_data) {
-        std::vector<std::int32_t> active{has_data ? 1 : 0};
-        all_reduce(reducer_->step_communicator(), active);
-        active_ = active[0];
+        std::int64_t active = has_data ? 1 : 0;
+        detail::control_all_reduce(reducer_->step_communicator(), reducer_->placement(),
+                                   std::span<std::int64_t>(&active, 1), reduce_op::sum);
+        active_ = static_cast<int>(active);
         has_data_ = has_data;
         if (active_ == 0) {
             return false;

@@ -197,8 +197,13 @@ public:
         u.mem.padded = (u.mem.numel + s - 1) / s * s;
         u.mem.shard = u.mem.padded / s;
         strategy::allocate(context(u, units_.size()));
-        units_.push_back(std::move(u));
-        residency_.add_unit();
+        residency_.add_unit(); // unit k and its residency slot k exist together, or neither
+        try {
+            units_.push_back(std::move(u));
+        } catch (...) {
+            residency_.remove_last_unit();
+            throw;
+        }
         return units_.size() - 1;
     }
     std::size_t add_unit(std::initializer_list<parameter_spec> params) {
@@ -699,7 +704,7 @@ private:
 
     void launch_gather(std::size_t unit_index) {
         residency_.launch(unit_index, context(units_[unit_index], unit_index),
-                          groups_.shard_steps(), transient_, strategy::layout_name);
+                          groups_.shard_steps(), transient_, comm_->rank(), strategy::layout_name);
         record(0, unit_index);
     }
 

@@ -180,9 +180,11 @@ struct sharded_parameter_memory {
 template <class Request>
 struct resident_parameters : resident_parameter_memory {
     void add_unit() {}
+    void remove_last_unit() noexcept {}
     bool gathered(std::size_t) const noexcept { return true; }
     template <class Comm>
-    void launch(std::size_t, const unit_context&, Comm&, transient_memory&, std::string_view) {}
+    void launch(std::size_t, const unit_context&, Comm&, transient_memory&, int, std::string_view) {
+    }
     void wait(std::size_t, int) {}
     /// Returns whether it freed the unit's full parameters: never.
     bool release(std::size_t, bool, unit_memory&, transient_memory&, int) { return false; }
@@ -228,15 +230,19 @@ template <class Request, bool Reshard>
 class gathered_parameters : public sharded_parameter_memory {
 public:
     void add_unit() { units_.emplace_back(); }
+    /// Undoes add_unit (the unit it was for could not be added).
+    void remove_last_unit() noexcept { units_.pop_back(); }
 
     /// Whether unit k's full parameters are available or being gathered.
     bool gathered(std::size_t k) const noexcept { return units_[k].state != phase::sharded; }
 
     /// Starts the all-gather of unit k's shard into a fresh full buffer (the caller
-    /// has checked that it is not gathered and the live-unit limit).
+    /// has checked that it is not gathered and the live-unit limit). `rank`: this
+    /// rank in the whole job, whose timeline the span goes on (`comm` may be a
+    /// hybrid shard group, with ranks of its own).
     template <class Comm>
     void launch(std::size_t k, const unit_context& c, Comm& comm, transient_memory& memory,
-                std::string_view layout) {
+                int rank, std::string_view layout) {
         slot& s = units_[k];
         c.u.full_param = flat_buffer(c.u.padded * size_of(c.types.param), c.place);
         c.place.order_before(comm.inner(), "sharded_parameters gather");
@@ -247,7 +253,7 @@ public:
                 const_buffer(c.u.shard_param.data(), c.u.shard, c.types.param, c.place.where()),
                 buffer{c.u.full_param.data(), c.u.padded, c.types.param, c.place.where()}, false),
             c.tag);
-        s.span.begin(comm.rank(), "gather", k, c.u.padded, layout);
+        s.span.begin(rank, "gather", k, c.u.padded, layout);
         s.state = phase::gathering;
         memory.add(c.u.full_param.size());
         memory.add_live();
