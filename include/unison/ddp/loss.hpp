@@ -20,8 +20,10 @@
 
 #include "unison/comm/collectives.hpp"
 #include "unison/core/error.hpp"
+#include "unison/parallel/detail/control.hpp"
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,11 +50,20 @@ std::int64_t global_item_count(C& comm, std::int64_t local_items) {
 
 /// Collective: the scale that makes `reducer`'s synchronized gradient equal the
 /// gradient of the global mean loss, for a step in which this rank processes
-/// `local_items` items in all. Call it after `join::next` when joining.
+/// `local_items` items in all. Call it after `join::next` when joining. The count
+/// goes through the reducer's device where its communicator moves device memory
+/// only (NCCL).
 template <class Reducer>
 loss_normalization normalize_loss(Reducer& reducer, std::int64_t local_items) {
+    auto& comm = reducer.communicator();
+    if (local_items < 0) {
+        throw argument_error(comm.rank(), "normalize_loss",
+                             "negative item count " + std::to_string(local_items));
+    }
     loss_normalization result;
-    result.global_items = global_item_count(reducer.communicator(), local_items);
+    result.global_items = local_items;
+    detail::control_all_reduce(comm, reducer.placement(),
+                               std::span<std::int64_t>(&result.global_items, 1), reduce_op::sum);
     if (result.global_items > 0) {
         result.loss_scale = reducer.averaging_divisor() / static_cast<double>(result.global_items);
     }

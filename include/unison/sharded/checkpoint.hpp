@@ -20,13 +20,17 @@
 /// state is overwritten: a bad checkpoint changes nothing and every rank throws.
 ///
 /// Both are collective over params.communicator(). Use a fresh directory per
-/// checkpoint (or remove the old metadata first).
+/// checkpoint (or remove the old metadata first). Shards on a device
+/// (unison::cuda::use_device) are copied through host memory; the files are the
+/// same wherever the shards lived, so a checkpoint written from the GPU loads on the
+/// host and the other way round.
 
 #include "unison/checkpoint/error.hpp"
 #include "unison/checkpoint/format.hpp"
 #include "unison/checkpoint/io.hpp"
 #include "unison/comm/collectives.hpp"
 #include "unison/core/detail/convert.hpp"
+#include "unison/parallel/detail/control.hpp"
 #include "unison/sharded/fsdp.hpp"
 #include "unison/sharded/partitioned_optimizer.hpp"
 #include "unison/sharded/sharded_parameters.hpp"
@@ -196,17 +200,18 @@ std::vector<checkpoint_piece> owned_pieces(const SP& sp, int w) {
 
 /// Runs `work` on every rank; if it failed anywhere, every rank throws (the failing
 /// ranks their own error, the others one naming the lowest failing rank).
+/// The vote is a bookkeeping collective, staged through `place` where the
+/// communicator moves device memory only.
 template <communicator C, class F>
-void agree(C& comm, const std::string& what, F&& work) {
+void agree(C& comm, const placement& place, const std::string& what, F&& work) {
     std::exception_ptr mine;
     try {
         work();
     } catch (...) {
         mine = std::current_exception();
     }
-    const std::vector<std::int32_t> flag{mine ? comm.rank() : comm.size()};
-    std::vector<std::int32_t> lowest(1);
-    all_reduce(comm, flag, lowest, reduce_op::min);
+    std::int64_t lowest[1] = {mine ? comm.rank() : comm.size()};
+    control_all_reduce(comm, place, std::span<std::int64_t>(lowest), reduce_op::min);
     if (mine) {
         std::rethrow_exception(mine);
     }
@@ -218,13 +223,8 @@ void agree(C& comm, const std::string& what, F&& work) {
 
 template <class SP, class Opt>
 void save_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
-    if (!sp.location().is_host()) {
-        sp.fail("save_checkpoint",
-                "the shards are on " + to_string(sp.location()) +
-                    "; checkpoints read and write host memory (device-resident shards "
-                    "are not supported by checkpoints yet)");
-    }
     auto& comm = sp.communicator();
+    const placement& place = sp.placement(); // device shards are staged through the host
     const int writers = sp.shard_size();
     const bool writer = sp.replica_index() == 0;
     constexpr dtype value_type = SP::has_master ? SP::master_dtype : SP::param_dtype;
@@ -235,15 +235,18 @@ void save_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
 
     // Each writer's data file: for every piece, the values, then each state slot.
     std::uint64_t checksum = 0, bytes = 0;
-    agree(comm, (dir / "rank files").string(), [&] {
+    agree(comm, place, (dir / "rank files").string(), [&] {
         if (!writer) {
             return;
         }
         std::filesystem::create_directories(dir);
         std::vector<std::byte> data;
         const auto pieces = owned_pieces(sp, sp.shard_rank());
+        place.synchronize(); // the last step's kernels wrote what is saved
         auto append = [&](const std::byte* src, std::size_t n) {
-            data.insert(data.end(), src, src + n);
+            const std::size_t at = data.size();
+            data.resize(at + n);
+            place.copy_to_host(data.data() + at, src, n);
         };
         for (const checkpoint_piece& p : pieces) {
             const std::size_t unit = sp.unit_of(p.id);
@@ -266,12 +269,12 @@ void save_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
         checksum = checkpoint::checksum(checkpoint::format_version, data.data(), data.size());
     });
 
-    std::vector<std::int64_t> mine{static_cast<std::int64_t>(bytes),
-                                   static_cast<std::int64_t>(checksum)};
+    const std::int64_t mine[2] = {static_cast<std::int64_t>(bytes),
+                                  static_cast<std::int64_t>(checksum)};
     std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm.size()));
-    all_gather(comm, mine, all);
+    control_all_gather(comm, place, std::span<const std::int64_t>(mine), std::span(all));
 
-    agree(comm, (dir / "metadata").string(), [&] {
+    agree(comm, place, (dir / "metadata").string(), [&] {
         if (comm.rank() != 0) {
             return;
         }
@@ -327,13 +330,8 @@ void save_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
 
 template <class SP, class Opt>
 void load_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
-    if (!sp.location().is_host()) {
-        sp.fail("load_checkpoint",
-                "the shards are on " + to_string(sp.location()) +
-                    "; checkpoints read and write host memory (device-resident shards "
-                    "are not supported by checkpoints yet)");
-    }
     auto& comm = sp.communicator();
+    const placement& place = sp.placement(); // device shards are staged through the host
     struct staged {
         std::byte* dst;
         std::vector<std::byte> bytes;
@@ -341,7 +339,7 @@ void load_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
     std::vector<staged> stage;
     checkpoint::metadata meta;
     std::vector<std::pair<std::size_t, std::uint64_t>> fewer_steps; // (id, steps)
-    agree(comm, (dir / "metadata").string(), [&] {
+    agree(comm, place, (dir / "metadata").string(), [&] {
         checkpoint::reader rd(dir);
         meta = rd.meta();
         const std::string where = rd.metadata_path();
@@ -425,8 +423,9 @@ void load_checkpoint_impl(const std::filesystem::path& dir, SP& sp, Opt* opt) {
         }
     });
     // Every rank read everything it needs: commit.
+    place.synchronize(); // nothing in flight still writes the shards overwritten here
     for (const staged& s : stage) {
-        std::memcpy(s.dst, s.bytes.data(), s.bytes.size());
+        place.copy_from_host(s.dst, s.bytes.data(), s.bytes.size());
     }
     if constexpr (!std::is_same_v<Opt, void>) {
         opt->restore_counters(meta.step, meta.loss_scale, meta.good_steps,
