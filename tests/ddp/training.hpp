@@ -4,8 +4,16 @@
 // framework's MLP (examples/common/nn) on its share of every global batch under
 // unison::ddp; every rank also trains, by itself, a reference copy on the whole
 // batch, and after every step each parameter is compared with the reference.
+//
+// The equivalence cases run on a memory space (tests/support/memory_space.hpp).
+// The model always computes on the host; on host memory ddp works on the model's
+// own parameters and gradients, and on any other space on copies of them in the
+// space, which the model's values and gradients are staged through around each
+// step (staged_ddp_binding), so that ddp takes the paths it takes for a framework
+// that trains on that memory.
 
 #include "../collectives/cases.hpp"
+#include "../support/memory_space.hpp"
 
 #include "nn/nn.hpp"
 
@@ -16,8 +24,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -87,11 +97,116 @@ private:
     std::uint64_t version_ = ~std::uint64_t{0};
 };
 
+/// ddp_binding on host memory, with the calls a case makes around each step (see
+/// staged_ddp_binding): there the model's own memory is ddp's, so they only refresh
+/// the bucket views where ddp_binding's users refresh them.
+template <class T, class Ddp>
+class host_ddp_binding : public ddp_binding<T, Ddp> {
+public:
+    using ddp_binding<T, Ddp>::ddp_binding;
+    /// Call after dp.start().
+    void after_start() { this->refresh_views(); }
+    /// Call after the finish() that synchronized, before the optimizer step.
+    void after_sync() { this->refresh_views(); }
+    /// Call after the optimizer step.
+    void after_step() {}
+};
+
+/// Connects a host model to a ddp whose parameters and gradients live in memory
+/// space `Space` (not host memory): ddp holds a copy of every parameter and its
+/// gradient in the space, and the model's host values and gradients are copied
+/// to and from them where a framework training on that memory would have them:
+///   - the constructor puts ddp in the space (before anything is added to it)
+///     and registers the copies, initialized from the model's values and zeros;
+///   - after_start() brings the values start() broadcast from the root rank back
+///     into the model;
+///   - each backward hook stores the model's gradient, as accumulated over the
+///     micro-batches so far, where ddp reads it (the gradient's copy, or its place
+///     in a bucket with gradients_in_buckets), then marks it ready; a gradient that
+///     is never ready (an unused parameter) is never stored;
+///   - after_sync() loads the synchronized gradients into the model, for its host
+///     optimizer;
+///   - after_step() stores the updated values into the copies, which then hold what
+///     an optimizer on that memory would have left there.
+template <class T, class Ddp, class Space>
+class staged_ddp_binding {
+public:
+    staged_ddp_binding(nn::mlp<T>& model, Ddp& dp) : dp_(&dp) {
+        auto& comm = dp.communicator();
+        Space::attach(comm, dp);
+        params_ = model.parameters();
+        // Every tensor is made before any is registered: ddp keeps their addresses.
+        values_.reserve(params_.size());
+        grads_.reserve(params_.size());
+        for (nn::parameter<T>* p : params_) {
+            host_buffer initial(dtype_of<T>, p->size());
+            std::memcpy(initial.bytes.data(), p->value.data(), p->size() * sizeof(T));
+            values_.push_back(Space::make(comm, std::move(initial)));
+            grads_.push_back(Space::make(comm, host_buffer(dtype_of<T>, p->size())));
+        }
+        for (std::size_t k = 0; k < params_.size(); ++k) {
+            index_.push_back(
+                dp.add_parameter(values_[k].view(), grads_[k].view(), params_[k]->name));
+            slot_[params_[k]] = k;
+        }
+        model.on_grad_ready = [this](nn::parameter<T>& p) {
+            const std::size_t k = slot_.at(&p);
+            Space::store(dp_->communicator(), gradient_memory(k), p.grad.data());
+            dp_->mark_ready(index_[k]);
+        };
+    }
+    staged_ddp_binding(const staged_ddp_binding&) = delete; // the hook points at this object
+    staged_ddp_binding& operator=(const staged_ddp_binding&) = delete;
+
+    /// Call after dp.start(): the model takes the values every rank now holds.
+    void after_start() {
+        for (std::size_t k = 0; k < params_.size(); ++k) {
+            Space::load(dp_->communicator(), values_[k].view(), params_[k]->value.data());
+        }
+    }
+    /// Call after the finish() that synchronized, before the optimizer step.
+    void after_sync() {
+        for (std::size_t k = 0; k < params_.size(); ++k) {
+            Space::load(dp_->communicator(), gradient_memory(k), params_[k]->grad.data());
+        }
+    }
+    /// Call after the optimizer step.
+    void after_step() {
+        for (std::size_t k = 0; k < params_.size(); ++k) {
+            Space::store(dp_->communicator(), values_[k].view(), params_[k]->value.data());
+        }
+    }
+
+private:
+    /// Where ddp reads and writes parameter k's gradient. Bucket views are fetched
+    /// on every use: the rebuild after the first synchronizing step moves them.
+    buffer gradient_memory(std::size_t k) {
+        if constexpr (Ddp::reducer_type::config::gradient_memory::in_buckets) {
+            const view<T> v = dp_->reducer().template gradient<T>(index_[k]);
+            return {v.data, v.size, dtype_of<T>, v.location};
+        } else {
+            return grads_[k].view();
+        }
+    }
+
+    Ddp* dp_;
+    std::vector<nn::parameter<T>*> params_;
+    std::vector<typename Space::tensor> values_, grads_;
+    std::vector<std::size_t> index_; // ddp's index of parameter k
+    std::unordered_map<const nn::parameter<T>*, std::size_t> slot_;
+};
+
+/// The binding a case uses on memory space `Space`: on host memory, ddp_binding's
+/// behaviour exactly (ddp on nn's own spans); elsewhere, the staged one.
+template <class T, class Ddp, class Space>
+using space_ddp_binding =
+    std::conditional_t<Space::on_host, host_ddp_binding<T, Ddp>, staged_ddp_binding<T, Ddp, Space>>;
+
 /// DDP with `Policies` at this world size vs single-process training on the whole
 /// batch, for `training_steps` steps. Accumulation policies split each rank's shard
 /// into K micro-batches. `tol` bounds the relative error of every parameter after
-/// every step.
-template <class T, class... Policies, communicator C>
+/// every step. The parameters and gradients ddp works on are in memory space `Space`.
+template <class Space, class T, class... Policies, communicator C>
 void ddp_equivalence_case(C& comm, optimizer_kind kind, double tol, const std::string& name,
                           ddp_options options = {}, bool unused_head = false) {
     using ddp_type = ddp<C, Policies...>;
@@ -105,9 +220,9 @@ void ddp_equivalence_case(C& comm, optimizer_kind kind, double tol, const std::s
     nn::mlp<T> model(mlp_widths, 100 + rank, unused_head);
     nn::mlp<T> reference(mlp_widths, 100, unused_head);
     ddp_type dp(comm, options);
-    ddp_binding<T, ddp_type> binding(model, dp);
+    space_ddp_binding<T, ddp_type, Space> binding(model, dp);
     dp.start();
-    binding.refresh_views();
+    binding.after_start();
     optimizer<T> opt(kind, model.parameters());
     optimizer<T> ref_opt(kind, reference.parameters());
 
@@ -130,8 +245,9 @@ void ddp_equivalence_case(C& comm, optimizer_kind kind, double tol, const std::s
             o.expect(synced == (m + 1 == micro), "finish() of micro-batch " + std::to_string(m) +
                                                      " returned " + (synced ? "true" : "false"));
         }
-        binding.refresh_views();
+        binding.after_sync();
         opt.step();
+        binding.after_step();
 
         reference.zero_grad();
         const auto whole = nn::slice(data, base, base + global_batch);
@@ -151,27 +267,29 @@ void ddp_equivalence_case(C& comm, optimizer_kind kind, double tol, const std::s
     UNISON_CHECK_CASE(comm, name, o);
 }
 
-template <communicator C>
+template <class Space, communicator C>
 void ddp_training_cases(C& comm) {
     using namespace unison::policy;
-    ddp_equivalence_case<float>(comm, optimizer_kind::sgd_momentum, 1e-6, "f32 SGD momentum");
-    ddp_equivalence_case<float>(comm, optimizer_kind::adamw, 1e-6, "f32 AdamW");
-    ddp_equivalence_case<double>(comm, optimizer_kind::sgd_momentum, 1e-13, "f64 SGD momentum");
-    ddp_equivalence_case<double>(comm, optimizer_kind::adamw, 1e-13, "f64 AdamW");
-    ddp_equivalence_case<float, gradients_in_buckets>(
+    ddp_equivalence_case<Space, float>(comm, optimizer_kind::sgd_momentum, 1e-6,
+                                       "f32 SGD momentum");
+    ddp_equivalence_case<Space, float>(comm, optimizer_kind::adamw, 1e-6, "f32 AdamW");
+    ddp_equivalence_case<Space, double>(comm, optimizer_kind::sgd_momentum, 1e-13,
+                                        "f64 SGD momentum");
+    ddp_equivalence_case<Space, double>(comm, optimizer_kind::adamw, 1e-13, "f64 AdamW");
+    ddp_equivalence_case<Space, float, gradients_in_buckets>(
         comm, optimizer_kind::adamw, 1e-6, "f32 AdamW, gradients in buckets, small buckets",
         {.bucket_bytes = 4096, .first_bucket_bytes = 1024});
-    ddp_equivalence_case<double>(comm, optimizer_kind::sgd_momentum, 1e-13,
-                                 "f64 SGD, accumulate_steps 2", {.accumulate_steps = 2});
-    ddp_equivalence_case<float, gradients_in_buckets>(comm, optimizer_kind::adamw, 1e-6,
-                                                      "f32 AdamW, accumulate_steps 2 in buckets",
-                                                      {.accumulate_steps = 2});
-    ddp_equivalence_case<double, unused_as_zero>(comm, optimizer_kind::sgd_momentum, 1e-13,
-                                                 "f64 SGD with an unused head", {}, true);
+    ddp_equivalence_case<Space, double>(comm, optimizer_kind::sgd_momentum, 1e-13,
+                                        "f64 SGD, accumulate_steps 2", {.accumulate_steps = 2});
+    ddp_equivalence_case<Space, float, gradients_in_buckets>(
+        comm, optimizer_kind::adamw, 1e-6, "f32 AdamW, accumulate_steps 2 in buckets",
+        {.accumulate_steps = 2});
+    ddp_equivalence_case<Space, double, unused_as_zero>(comm, optimizer_kind::sgd_momentum, 1e-13,
+                                                        "f64 SGD with an unused head", {}, true);
     // bf16 reduction rounds every gradient to 8 significant bits (the per-element
     // bound is checked in reducer_policy_cases); over 20 steps of momentum SGD the
     // parameters drift by up to ~2% of their scale.
-    ddp_equivalence_case<float, mixed_precision<dtype::f32, dtype::bf16>>(
+    ddp_equivalence_case<Space, float, mixed_precision<dtype::f32, dtype::bf16>>(
         comm, optimizer_kind::sgd_momentum, 5e-2, "f32 SGD, reduce in bf16");
 }
 
@@ -179,8 +297,8 @@ void ddp_training_cases(C& comm) {
 /// samples; with normalize_loss the synchronized gradient (and so every parameter
 /// after every step) equals single-process training on the global mean loss. The
 /// naive per-micro-batch mean is checked to be measurably different, so the case
-/// can tell the two apart.
-template <class T, communicator C>
+/// can tell the two apart. ddp works on memory space `Space`.
+template <class Space, class T, communicator C>
 void loss_normalization_case(C& comm, double tol, const std::string& name, bool average) {
     using ddp_type = ddp<C>;
     const int n = comm.size();
@@ -203,10 +321,12 @@ void loss_normalization_case(C& comm, double tol, const std::string& name, bool 
     nn::mlp<T> reference(mlp_widths, 200, false);
     ddp_type dp(comm, {.accumulate_steps = 2, .average = average});
     ddp_type naive_dp(comm);
-    ddp_binding<T, ddp_type> binding(model, dp);
-    ddp_binding<T, ddp_type> naive_binding(naive, naive_dp);
+    space_ddp_binding<T, ddp_type, Space> binding(model, dp);
+    space_ddp_binding<T, ddp_type, Space> naive_binding(naive, naive_dp);
     dp.start();
     naive_dp.start();
+    binding.after_start();
+    naive_binding.after_start();
     nn::sgd<T> opt(model.parameters(), T(0.2));
     nn::sgd<T> naive_opt(naive.parameters(), T(0.2));
     nn::sgd<T> ref_opt(reference.parameters(), T(0.2));
@@ -246,8 +366,12 @@ void loss_normalization_case(C& comm, double tol, const std::string& name, bool 
             (void)naive_dp.finish();
             begin += size;
         }
+        binding.after_sync();
+        naive_binding.after_sync();
         opt.step();
         naive_opt.step();
+        binding.after_step();
+        naive_binding.after_step();
 
         reference.zero_grad();
         const auto whole = nn::slice(data, offset, offset + total);
@@ -275,11 +399,11 @@ void loss_normalization_case(C& comm, double tol, const std::string& name, bool 
     UNISON_CHECK_CASE(comm, name, o);
 }
 
-template <communicator C>
+template <class Space, communicator C>
 void loss_normalization_cases(C& comm) {
-    loss_normalization_case<double>(comm, 1e-13, "normalize_loss f64, average", true);
-    loss_normalization_case<float>(comm, 1e-6, "normalize_loss f32, average", true);
-    loss_normalization_case<double>(comm, 1e-13, "normalize_loss f64, sum", false);
+    loss_normalization_case<Space, double>(comm, 1e-13, "normalize_loss f64, average", true);
+    loss_normalization_case<Space, float>(comm, 1e-6, "normalize_loss f32, average", true);
+    loss_normalization_case<Space, double>(comm, 1e-13, "normalize_loss f64, sum", false);
 }
 
 } // namespace unison::test

@@ -10,7 +10,10 @@
 // compared with it. Between micro-batches the test checks that nothing was updated
 // and that exactly the memory each mode promises is held: no full gradient where
 // micro-batches reduce into the shards, every unit's full gradient where they are
-// kept.
+// kept. The cases run over a memory space (tests/support/memory_space.hpp): on a
+// device space the engine is on the GPU and the host model reaches its memory
+// through sharded_binding (training.hpp); the memory checks read engine.memory(),
+// which counts the same bytes wherever they are placed.
 
 #include "training.hpp"
 
@@ -37,7 +40,7 @@ inline const char* to_string(accumulate_how h) {
     return "?";
 }
 
-template <class T, class... Policies, communicator C>
+template <class Space, class T, class... Policies, communicator C>
 void accumulation_case(C& comm, accumulate_how how, double tol, const std::string& what) {
     using engine_type = fsdp<C, optim::adamw, Policies...>;
     using strategy = typename engine_type::strategy;
@@ -56,7 +59,7 @@ void accumulation_case(C& comm, accumulate_how how, double tol, const std::strin
                         .accumulate_steps = how == accumulate_how::no_sync ? 1 : micro,
                         .accumulate = how == accumulate_how::unsharded ? accumulation::unsharded
                                                                        : accumulation::in_shard});
-    sharded_binding<T, engine_type> binding(model, engine);
+    sharded_binding<T, engine_type, Space> binding(model, engine); // puts the engine in Space
     engine.start();
     reference_optimizer<T> ref_opt(optimizer_kind::adamw, reference.parameters(), false);
 
@@ -164,7 +167,7 @@ void accumulation_case(C& comm, accumulate_how how, double tol, const std::strin
     UNISON_CHECK_CASE(comm, name, o);
 }
 
-template <communicator C>
+template <class Space = host_space, communicator C>
 void accumulation_cases(C& comm) {
     using namespace unison::policy;
     using f64 = mixed_precision<dtype::f64>;
@@ -172,15 +175,15 @@ void accumulation_cases(C& comm) {
     using wide_reduce = mixed_precision<dtype::f32, dtype::f64>;
     for (const accumulate_how how :
          {accumulate_how::in_shard, accumulate_how::unsharded, accumulate_how::no_sync}) {
-        accumulation_case<float, zero<0>>(comm, how, 1e-6, "zero<0>");
-        accumulation_case<float, zero<1>>(comm, how, 1e-6, "zero<1>");
-        accumulation_case<float, zero<2>>(comm, how, 1e-6, "zero<2>");
-        accumulation_case<double, zero<3>, f64>(comm, how, 1e-13, "zero<3> f64");
-        accumulation_case<float, shard::full>(comm, how, 1e-6, "shard::full");
-        accumulation_case<float, shard::grad_op>(comm, how, 1e-6, "shard::grad_op");
-        accumulation_case<float, shard::hybrid>(comm, how, 1e-6, "shard::hybrid");
-        accumulation_case<float, shard::full, wide_reduce>(comm, how, 1e-6,
-                                                           "shard::full, f64 reduction");
+        accumulation_case<Space, float, zero<0>>(comm, how, 1e-6, "zero<0>");
+        accumulation_case<Space, float, zero<1>>(comm, how, 1e-6, "zero<1>");
+        accumulation_case<Space, float, zero<2>>(comm, how, 1e-6, "zero<2>");
+        accumulation_case<Space, double, zero<3>, f64>(comm, how, 1e-13, "zero<3> f64");
+        accumulation_case<Space, float, shard::full>(comm, how, 1e-6, "shard::full");
+        accumulation_case<Space, float, shard::grad_op>(comm, how, 1e-6, "shard::grad_op");
+        accumulation_case<Space, float, shard::hybrid>(comm, how, 1e-6, "shard::hybrid");
+        accumulation_case<Space, float, shard::full, wide_reduce>(comm, how, 1e-6,
+                                                                  "shard::full, f64 reduction");
     }
 }
 

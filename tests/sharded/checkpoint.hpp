@@ -10,6 +10,7 @@
 
 #include <unison/sharded.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -18,16 +19,20 @@
 namespace unison::test {
 
 /// A directory under the system's temp dir, the same on every rank (rank 0 picks
-/// the name), removed on destruction by rank 0.
-template <communicator C>
+/// the name, broadcast through `Space`), removed on destruction by rank 0.
+template <communicator C, class Space = host_space>
 class shared_temp_dir {
 public:
     shared_temp_dir(C& comm, const std::string& tag) : rank_(comm.rank()) {
-        std::vector<std::int64_t> id{
-            static_cast<std::int64_t>(std::random_device{}() & 0x7fffffff)};
-        broadcast(comm, id, 0);
+        std::int64_t id = static_cast<std::int64_t>(std::random_device{}() & 0x7fffffff);
+        host_buffer values(dtype::i64, 1);
+        std::memcpy(values.bytes.data(), &id, sizeof id);
+        auto t = Space::make(comm, std::move(values));
+        broadcast(comm, t.view(), 0);
+        const host_buffer& chosen = Space::read(comm, t);
+        std::memcpy(&id, chosen.bytes.data(), sizeof id);
         path_ = std::filesystem::temp_directory_path() /
-                ("unison-" + tag + "-" + std::to_string(comm.size()) + "-" + std::to_string(id[0]));
+                ("unison-" + tag + "-" + std::to_string(comm.size()) + "-" + std::to_string(id));
     }
     ~shared_temp_dir() {
         if (rank_ == 0) {
@@ -56,16 +61,19 @@ inline std::vector<std::vector<double>> checkpoint_contents(const std::filesyste
     return out;
 }
 
-/// Trains `Sharding` with AdamW for `steps` synthetic steps and saves to `dir`.
-template <class Sharding, class Precision, communicator C>
+/// Trains `Sharding` with AdamW for `steps` synthetic steps in `Space` and saves to
+/// `dir`.
+template <class Sharding, class Precision, class Space = host_space, communicator C>
 void train_and_save(C& comm, const std::filesystem::path& dir, int steps) {
     using sp_type = sharded_parameters<C, Sharding, Precision>;
     sp_type sp(comm, {.shard_group_size = hybrid_group(comm.size())});
+    Space::attach(comm, sp);
     add_accounting_units(sp);
     sp.start();
     partitioned_optimizer<sp_type, optim::adamw> opt(sp, optim::adamw{});
+    Space::attach(comm, opt);
     for (int s = 0; s < steps; ++s) {
-        synthetic_backward<std::conditional_t<Precision::param == dtype::bf16, bf16, float>>(
+        synthetic_backward<std::conditional_t<Precision::param == dtype::bf16, bf16, float>, Space>(
             sp, 40 + static_cast<std::uint64_t>(s), 1.0);
         opt.step();
         sp.zero_grad();
@@ -73,15 +81,18 @@ void train_and_save(C& comm, const std::filesystem::path& dir, int steps) {
     save_checkpoint(dir, sp, opt);
 }
 
-/// Loads `from` into `Sharding` at this world size and saves it again to `to`.
-template <class Sharding, communicator C>
+/// Loads `from` into `Sharding` in `Space` at this world size and saves it again to
+/// `to`.
+template <class Sharding, class Space = host_space, communicator C>
 std::uint64_t load_and_resave(C& comm, const std::filesystem::path& from,
                               const std::filesystem::path& to) {
     using sp_type = sharded_parameters<C, Sharding>;
     sp_type sp(comm, {.shard_group_size = hybrid_group(comm.size())});
+    Space::attach(comm, sp);
     add_accounting_units(sp);
     sp.start();
     partitioned_optimizer<sp_type, optim::adamw> opt(sp, optim::adamw{});
+    Space::attach(comm, opt);
     load_checkpoint(from, sp, opt);
     save_checkpoint(to, sp, opt);
     return opt.steps();
@@ -91,21 +102,23 @@ std::uint64_t load_and_resave(C& comm, const std::filesystem::path& from,
 /// on a fresh copy of a good checkpoint; every rank must throw a checkpoint_error
 /// (the ranks that found the problem naming the file and the problem) and keep its
 /// state bit for bit.
-template <communicator C>
+template <class Space, communicator C>
 void checkpoint_rejection_cases(C& comm) {
     using namespace unison::policy;
     using sp_type = sharded_parameters<C, zero<3>>;
-    shared_temp_dir<C> tmp(comm, "ckpt-bad");
+    shared_temp_dir<C, Space> tmp(comm, "ckpt-bad");
     const auto good = tmp.path() / "good";
-    train_and_save<zero<3>, mixed_precision<dtype::f32>>(comm, good, 2);
+    train_and_save<zero<3>, mixed_precision<dtype::f32>, Space>(comm, good, 2);
 
     sp_type sp(comm);
+    Space::attach(comm, sp);
     add_accounting_units(sp);
     sp.start();
     partitioned_optimizer<sp_type, optim::adamw> opt(sp, optim::adamw{});
-    synthetic_backward<float>(sp, 99, 1.0);
+    Space::attach(comm, opt);
+    synthetic_backward<float, Space>(sp, 99, 1.0);
     opt.step();
-    const auto before = optimizer_bytes(opt);
+    const auto before = optimizer_bytes<Space>(opt);
 
     const std::string file0 = checkpoint::data_file_name(0, comm.size());
     struct corruption {
@@ -167,13 +180,15 @@ void checkpoint_rejection_cases(C& comm) {
             const bool other = what.find("failed on rank") != std::string::npos;
             o.expect(named || other, c.name + ": unexpected message: " + what);
         }
-        o.expect(optimizer_bytes(opt) == before, c.name + ": a rejected load changed the state");
+        o.expect(optimizer_bytes<Space>(opt) == before,
+                 c.name + ": a rejected load changed the state");
     }
 
     // A checkpoint of another model or optimizer.
     {
         using other_type = sharded_parameters<C, zero<3>>;
         other_type other(comm);
+        Space::attach(comm, other);
         other.add_unit({{"embed", 1200}, {"embed.bias", 240}});
         other.add_unit({{"block.w", 3601}});
         other.start();
@@ -189,6 +204,7 @@ void checkpoint_rejection_cases(C& comm) {
                      std::string("another model: unexpected message: ") + what);
         }
         partitioned_optimizer<sp_type, optim::sgd> sgd(sp, optim::sgd{});
+        Space::attach(comm, sgd);
         try {
             load_checkpoint(good, sp, sgd);
             o.expect(false, "AdamW state loaded into SGD");
@@ -196,21 +212,23 @@ void checkpoint_rejection_cases(C& comm) {
             o.expect(std::string(e.what()).find("adamw") != std::string::npos,
                      std::string("optimizer mismatch: unexpected message: ") + e.what());
         }
-        o.expect(optimizer_bytes(opt) == before, "a rejected load changed the state");
+        o.expect(optimizer_bytes<Space>(opt) == before, "a rejected load changed the state");
     }
     UNISON_CHECK_CASE(comm, "checkpoint rejections", o);
 }
 
 /// Same world size, different stage: save zero<3>, load zero<1>, zero<2> and
-/// shard::hybrid, save again; every file set reads back bit for bit.
-template <communicator C>
+/// shard::hybrid, save again; every file set reads back bit for bit. In a device
+/// space every save copies the shards off the GPU and every load onto it.
+template <class Space, communicator C>
 void checkpoint_restage_cases(C& comm) {
     using namespace unison::policy;
-    shared_temp_dir<C> tmp(comm, "ckpt-restage");
-    train_and_save<zero<3>, mixed_precision<dtype::f32>>(comm, tmp.path() / "z3", 3);
-    load_and_resave<zero<1>>(comm, tmp.path() / "z3", tmp.path() / "z1");
-    load_and_resave<zero<2>>(comm, tmp.path() / "z1", tmp.path() / "z2");
-    const auto steps = load_and_resave<shard::hybrid>(comm, tmp.path() / "z2", tmp.path() / "hy");
+    shared_temp_dir<C, Space> tmp(comm, "ckpt-restage");
+    train_and_save<zero<3>, mixed_precision<dtype::f32>, Space>(comm, tmp.path() / "z3", 3);
+    load_and_resave<zero<1>, Space>(comm, tmp.path() / "z3", tmp.path() / "z1");
+    load_and_resave<zero<2>, Space>(comm, tmp.path() / "z1", tmp.path() / "z2");
+    const auto steps =
+        load_and_resave<shard::hybrid, Space>(comm, tmp.path() / "z2", tmp.path() / "hy");
     outcome o;
     o.expect(steps == 3, "the step counter came back as " + std::to_string(steps));
     if (comm.rank() == 0) {

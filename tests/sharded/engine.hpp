@@ -12,6 +12,9 @@
 //     is not a forward use (the unit is still reduced when its backward ends) and
 //     leaves the unit gathered for that backward; training with recomputation equals
 //     training that keeps what forward read, bit for bit.
+// The engines live in the fixture's memory space (tests/support/memory_space.hpp):
+// the "backward" below loads a gradient, adds to it and stores it back, as a
+// framework's backward on that memory would.
 
 #include "../support/skewed_completion.hpp"
 #include "accounting.hpp"
@@ -27,7 +30,7 @@
 
 namespace unison::test {
 
-template <class Strategy, communicator C>
+template <class Strategy, class Space, communicator C>
 void engine_semantics_case(C& comm, const std::string& name) {
     using engine_type = fsdp<C, Strategy, optim::sgd>;
     const int n = comm.size();
@@ -40,6 +43,7 @@ void engine_semantics_case(C& comm, const std::string& name) {
         }
     }
     engine_type engine(comm, {.optimizer = {.lr = 0.5}, .prefetch = 1});
+    Space::attach(comm, engine);
     std::vector<unit_handle> u;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
         u.push_back(engine.add_unit({{"p" + std::to_string(k), init[k]}}));
@@ -66,17 +70,13 @@ void engine_semantics_case(C& comm, const std::string& name) {
         { auto s = engine.forward(u[1]); }
         {
             auto s = engine.backward(u[1]);
-            const view<float> g = engine.gradient(u[1][0]);
-            for (std::size_t i = 0; i < g.size; ++i) {
-                g.data[i] += static_cast<float>(comm.rank() + 1);
-            }
+            add_to_view<Space>(comm, engine.gradient(u[1][0]),
+                               [&](std::size_t) { return comm.rank() + 1; });
         }
         for (int use = 1; use >= 0; --use) {
             auto s = engine.backward(u[0]);
-            const view<float> g = engine.gradient(u[0][0]);
-            for (std::size_t i = 0; i < g.size; ++i) {
-                g.data[i] += static_cast<float>((comm.rank() + 1) * (use + 1));
-            }
+            add_to_view<Space>(comm, engine.gradient(u[0][0]),
+                               [&](std::size_t) { return (comm.rank() + 1) * (use + 1); });
         }
         engine.step();
     };
@@ -110,7 +110,7 @@ void engine_semantics_case(C& comm, const std::string& name) {
 /// forward; the other drops them and recomputes the unit's forward inside its
 /// backward. Their parameters must be equal bit for bit; the recomputing one must
 /// start each unit's gradient reduction when the unit's backward ends.
-template <class Strategy, communicator C>
+template <class Strategy, class Space, communicator C>
 void recompute_case(C& comm, const std::string& name) {
     using counted_type = counting_communicator<C>;
     using engine_type = fsdp<counted_type, Strategy, optim::adamw>;
@@ -126,6 +126,8 @@ void recompute_case(C& comm, const std::string& name) {
     const int group = engine_type::strategy::hybrid ? hybrid_group(comm.size()) : 0;
     engine_type kept(kept_comm, {.prefetch = 1, .shard_group_size = group});
     engine_type recomputing(recomputing_comm, {.prefetch = 1, .shard_group_size = group});
+    Space::attach(comm, kept);
+    Space::attach(comm, recomputing);
     std::vector<unit_handle> ku, ru;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
         ku.push_back(kept.add_unit({{"p" + std::to_string(k), init[k]}}));
@@ -134,15 +136,13 @@ void recompute_case(C& comm, const std::string& name) {
     kept.start();
     recomputing.start();
     const auto r = static_cast<float>(comm.rank() + 1);
-    auto read = [](engine_type& e, const unit_handle& u) {
-        const view<float> v = e.value(u[0]);
-        return std::vector<float>(v.data, v.data + v.size);
+    auto read = [&](engine_type& e, const unit_handle& u) {
+        return load_view<Space>(comm, e.value(u[0]));
     };
     auto accumulate = [&](engine_type& e, const unit_handle& u, const std::vector<float>& seen) {
-        const view<float> g = e.gradient(u[0]);
-        for (std::size_t i = 0; i < g.size; ++i) {
-            g.data[i] += seen[i] * seen[i] * r + static_cast<float>(u.index());
-        }
+        add_to_view<Space>(comm, e.gradient(u[0]), [&](std::size_t i) {
+            return seen[i] * seen[i] * r + static_cast<float>(u.index());
+        });
     };
     outcome o;
     for (int step = 0; step < 3; ++step) {
@@ -205,7 +205,7 @@ void recompute_case(C& comm, const std::string& name) {
 /// parameter's own step count (AdamW's bias corrections) must come back with it.
 /// The gradients are multiples of 1/64 below 1, whose sums are exact in any order,
 /// so that hybrid's two-level reduction gives the lone engines' averages bit for bit.
-template <class Strategy, class Resumed, communicator C>
+template <class Strategy, class Resumed, class Space, communicator C>
 void no_gradient_case(C& comm, bool set_to_none, const std::string& name) {
     using engine_type = fsdp<C, Strategy, optim::adamw>;
     using resumed_type = fsdp<C, Resumed, optim::adamw>;
@@ -226,6 +226,7 @@ void no_gradient_case(C& comm, bool set_to_none, const std::string& name) {
         return o;
     };
     auto add = [&](auto& e) {
+        Space::attach(comm, e);
         std::vector<unit_handle> u;
         for (std::size_t k = 0; k < sizes.size(); ++k) {
             u.push_back(e.add_unit({{"p" + std::to_string(k), init[k]}}));
@@ -240,24 +241,27 @@ void no_gradient_case(C& comm, bool set_to_none, const std::string& name) {
     std::vector<unit_handle> lone_units;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
         lone.push_back(std::make_unique<lone_type>(comm, options(false)));
+        Space::attach(comm, *lone[k]);
         lone_units.push_back(lone[k]->add_unit({{"p" + std::to_string(k), init[k]}}));
         lone[k]->start();
     }
     auto write = [&](auto& e, const unit_handle& u, std::size_t k, int step) {
         auto scope = e.backward(u);
         const view<float> g = e.gradient(u[0]);
+        std::vector<float> values(g.size);
         for (std::size_t i = 0; i < g.size; ++i) {
             const double x =
                 synthetic(20 + static_cast<std::uint64_t>(step), comm.rank(), k * 100 + i);
-            g.data[i] = static_cast<float>(std::round(x * 64) / 64);
+            values[i] = static_cast<float>(std::round(x * 64) / 64);
         }
+        store_view<Space>(comm, g, values);
     };
     auto full = [](auto& e, const unit_handle& u, std::size_t n) {
         std::vector<float> v(n);
         e.copy_full(u[0], v);
         return v;
     };
-    const shared_temp_dir<C> dir(comm, "no-gradient");
+    const shared_temp_dir<C, Space> dir(comm, "no-gradient");
     outcome o;
     bool p1_started = false;
     for (int step = 0; step < 10; ++step) {
@@ -314,31 +318,32 @@ void no_gradient_case(C& comm, bool set_to_none, const std::string& name) {
     UNISON_CHECK_CASE(comm, name, o);
 }
 
-template <communicator C>
+template <class Space, communicator C>
 void engine_semantics_cases(C& comm) {
     using namespace unison::policy;
-    engine_semantics_case<zero<0>>(comm, "engine semantics, zero<0>");
-    engine_semantics_case<zero<1>>(comm, "engine semantics, zero<1>");
-    engine_semantics_case<zero<2>>(comm, "engine semantics, zero<2>");
-    engine_semantics_case<shard::full>(comm, "engine semantics, shard::full");
-    engine_semantics_case<shard::grad_op>(comm, "engine semantics, shard::grad_op");
-    recompute_case<zero<2>>(comm, "recomputation, zero<2>");
-    recompute_case<shard::full>(comm, "recomputation, shard::full");
-    recompute_case<shard::grad_op>(comm, "recomputation, shard::grad_op");
-    recompute_case<shard::hybrid>(comm, "recomputation, shard::hybrid");
+    engine_semantics_case<zero<0>, Space>(comm, "engine semantics, zero<0>");
+    engine_semantics_case<zero<1>, Space>(comm, "engine semantics, zero<1>");
+    engine_semantics_case<zero<2>, Space>(comm, "engine semantics, zero<2>");
+    engine_semantics_case<shard::full, Space>(comm, "engine semantics, shard::full");
+    engine_semantics_case<shard::grad_op, Space>(comm, "engine semantics, shard::grad_op");
+    recompute_case<zero<2>, Space>(comm, "recomputation, zero<2>");
+    recompute_case<shard::full, Space>(comm, "recomputation, shard::full");
+    recompute_case<shard::grad_op, Space>(comm, "recomputation, shard::grad_op");
+    recompute_case<shard::hybrid, Space>(comm, "recomputation, shard::hybrid");
     // Gradient reductions that finish earlier on some ranks than on others (every
     // time here, now and then in real runs): a hybrid engine must still issue its
     // shard-group and replica-group calls in one order on every rank.
     skewed_completion<C> skewed(comm);
-    recompute_case<shard::hybrid>(skewed, "recomputation, shard::hybrid, reductions done at "
-                                          "different times on different ranks");
-    recompute_case<shard::full>(skewed, "recomputation, shard::full, reductions done at "
-                                        "different times on different ranks");
-    no_gradient_case<shard::full, zero<1>>(comm, true, "no gradient, set to none, full to zero<1>");
-    no_gradient_case<zero<2>, shard::hybrid>(comm, true,
-                                             "no gradient, set to none, zero<2> to hybrid");
-    no_gradient_case<zero<1>, shard::full>(comm, false,
-                                           "no gradient, zeroed in place, zero<1> to full");
+    recompute_case<shard::hybrid, Space>(skewed, "recomputation, shard::hybrid, reductions done "
+                                                 "at different times on different ranks");
+    recompute_case<shard::full, Space>(skewed, "recomputation, shard::full, reductions done at "
+                                               "different times on different ranks");
+    no_gradient_case<shard::full, zero<1>, Space>(comm, true,
+                                                  "no gradient, set to none, full to zero<1>");
+    no_gradient_case<zero<2>, shard::hybrid, Space>(comm, true,
+                                                    "no gradient, set to none, zero<2> to hybrid");
+    no_gradient_case<zero<1>, shard::full, Space>(comm, false,
+                                                  "no gradient, zeroed in place, zero<1> to full");
 }
 
 } // namespace unison::test

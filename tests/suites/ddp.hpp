@@ -2,11 +2,14 @@
 
 // The DDP suite: the bucketed reducer and ddp training, written once over a backend
 // fixture (tests/support/backends.hpp, tests/cuda/backends.cuh) and registered for a
-// backend by UNISON_DDP_SUITE(fixture) in its test file. The reducer's cases run on
-// the fixture's memory space (host memory, or the GPU of the NCCL and
-// thread-on-GPU fixtures, where the reducer takes its device paths); the misuse
-// and training cases only where that space is host memory (their models compute
-// on the host, and their checks use host collectives).
+// backend by UNISON_DDP_SUITE(fixture) in its test file. The reducer's cases, the
+// training cases and loss normalization run on the fixture's memory space (host
+// memory, or the GPU of the NCCL and thread-on-GPU fixtures, where the reducer
+// takes its device paths; the training cases' model computes on the host, and on
+// the GPU ddp holds device copies of its parameters and gradients, staged to and
+// from the model around each step). The misuse and skipped-step cases check
+// host-side argument and order checks, the same wherever the data lives, and run
+// where the space is host memory.
 
 #include "../ddp/cases.hpp"
 #include "../ddp/training.hpp"
@@ -38,16 +41,18 @@ TEST_CASE_TEMPLATE_DEFINE("ddp: join with uneven inputs", Backend, ddp_join) {
     Backend::run(
         [](auto& comm) { unison::test::reducer_join_case<typename Backend::space>(comm); });
 }
-// Host memory only (registered through if_host_memory).
-TEST_CASE_TEMPLATE_DEFINE("ddp: misuse is reported", Backend, ddp_misuse) {
-    Backend::run([](auto& comm) { unison::test::reducer_error_cases(comm); });
-}
 TEST_CASE_TEMPLATE_DEFINE("ddp: training equals single-process training", Backend, ddp_training) {
-    Backend::run([](auto& comm) { unison::test::ddp_training_cases(comm); });
+    Backend::run(
+        [](auto& comm) { unison::test::ddp_training_cases<typename Backend::space>(comm); });
 }
 TEST_CASE_TEMPLATE_DEFINE("ddp: loss normalization with uneven counts", Backend,
                           ddp_loss_normalization) {
-    Backend::run([](auto& comm) { unison::test::loss_normalization_cases(comm); });
+    Backend::run(
+        [](auto& comm) { unison::test::loss_normalization_cases<typename Backend::space>(comm); });
+}
+// Host memory only (registered through if_host_memory).
+TEST_CASE_TEMPLATE_DEFINE("ddp: misuse is reported", Backend, ddp_misuse) {
+    Backend::run([](auto& comm) { unison::test::reducer_error_cases(comm); });
 }
 TEST_CASE_TEMPLATE_DEFINE("ddp: a rank that skips a step is caught at the step's first reduction",
                           Backend, ddp_skipped_step) {
@@ -61,7 +66,7 @@ TEST_CASE_TEMPLATE_DEFINE("ddp: a rank that skips a step is caught at the step's
     TEST_CASE_TEMPLATE_INVOKE(ddp_unused, Backend);                                                \
     TEST_CASE_TEMPLATE_INVOKE(ddp_rebind, Backend);                                                \
     TEST_CASE_TEMPLATE_INVOKE(ddp_join, Backend);                                                  \
+    TEST_CASE_TEMPLATE_INVOKE(ddp_training, Backend);                                              \
     TEST_CASE_TEMPLATE_APPLY(ddp_misuse, unison::test::if_host_memory<Backend>);                   \
-    TEST_CASE_TEMPLATE_APPLY(ddp_training, unison::test::if_host_memory<Backend>);                 \
-    TEST_CASE_TEMPLATE_APPLY(ddp_loss_normalization, unison::test::if_host_memory<Backend>);       \
+    TEST_CASE_TEMPLATE_INVOKE(ddp_loss_normalization, Backend);                                    \
     TEST_CASE_TEMPLATE_APPLY(ddp_skipped_step, unison::test::if_host_memory<Backend>)

@@ -4,9 +4,13 @@
 // (tests/support/backends.hpp, tests/cuda/backends.cuh) and registered for a
 // backend by UNISON_SHARDED_SUITE(fixture) in its test file. The accounting cases
 // (memory and traffic, mixed precision against a double AdamW, clipping, loss
-// scaling) run on the fixture's memory space, the GPU on the device fixtures; the
-// others train the examples' host MLP or check host-side behaviour, and run where
-// the space is host memory.
+// scaling), training, accumulation, checkpoints and the fsdp engine's semantics
+// run on the fixture's memory space, the GPU on the device fixtures: there the
+// engine is on the GPU and the examples' host MLP loads its values and gradients
+// from it around each layer (sharded_binding), and the training cases leave out
+// the comparison with a host-memory DDP (NCCL moves device memory only). Misuse and
+// the skipped step check host-side argument and order checks, the same wherever the
+// data lives, and run where the space is host memory.
 
 #include "../sharded/accounting.hpp"
 #include "../sharded/accumulation.hpp"
@@ -21,11 +25,13 @@
 
 TEST_CASE_TEMPLATE_DEFINE("sharded: ZeRO and FSDP training equal DDP and single-process training",
                           Backend, sharded_training) {
-    Backend::run([](auto& comm) { unison::test::sharded_training_cases(comm); });
+    Backend::run(
+        [](auto& comm) { unison::test::sharded_training_cases<typename Backend::space>(comm); });
 }
 TEST_CASE_TEMPLATE_DEFINE("sharded: gradient accumulation in every mode equals one big batch",
                           Backend, sharded_accumulation) {
-    Backend::run([](auto& comm) { unison::test::accumulation_cases(comm); });
+    Backend::run(
+        [](auto& comm) { unison::test::accumulation_cases<typename Backend::space>(comm); });
 }
 TEST_CASE_TEMPLATE_DEFINE("sharded: memory and traffic formulas, mixed precision, loss scaling",
                           Backend, sharded_accounting) {
@@ -35,13 +41,14 @@ TEST_CASE_TEMPLATE_DEFINE("sharded: memory and traffic formulas, mixed precision
 TEST_CASE_TEMPLATE_DEFINE("sharded: checkpoints restage at the same world size, reject bad files",
                           Backend, sharded_checkpoints) {
     Backend::run([](auto& comm) {
-        unison::test::checkpoint_restage_cases(comm);
-        unison::test::checkpoint_rejection_cases(comm);
+        unison::test::checkpoint_restage_cases<typename Backend::space>(comm);
+        unison::test::checkpoint_rejection_cases<typename Backend::space>(comm);
     });
 }
 TEST_CASE_TEMPLATE_DEFINE("sharded: the fsdp engine's prefetch order, unit reuse, unused units",
                           Backend, sharded_engine) {
-    Backend::run([](auto& comm) { unison::test::engine_semantics_cases(comm); });
+    Backend::run(
+        [](auto& comm) { unison::test::engine_semantics_cases<typename Backend::space>(comm); });
 }
 TEST_CASE_TEMPLATE_DEFINE("sharded: misuse is reported", Backend, sharded_misuse) {
     Backend::run([](auto& comm) {
@@ -60,9 +67,9 @@ TEST_CASE_TEMPLATE_DEFINE("sharded: a rank that skips a step is caught at the st
 /// Registers every test case of the sharded suite for backend fixture `Backend`.
 #define UNISON_SHARDED_SUITE(Backend)                                                              \
     TEST_CASE_TEMPLATE_INVOKE(sharded_accounting, Backend);                                        \
-    TEST_CASE_TEMPLATE_APPLY(sharded_training, unison::test::if_host_memory<Backend>);             \
-    TEST_CASE_TEMPLATE_APPLY(sharded_accumulation, unison::test::if_host_memory<Backend>);         \
-    TEST_CASE_TEMPLATE_APPLY(sharded_checkpoints, unison::test::if_host_memory<Backend>);          \
-    TEST_CASE_TEMPLATE_APPLY(sharded_engine, unison::test::if_host_memory<Backend>);               \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_training, Backend);                                          \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_accumulation, Backend);                                      \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_checkpoints, Backend);                                       \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_engine, Backend);                                            \
     TEST_CASE_TEMPLATE_APPLY(sharded_misuse, unison::test::if_host_memory<Backend>);               \
     TEST_CASE_TEMPLATE_APPLY(sharded_skipped_step, unison::test::if_host_memory<Backend>)

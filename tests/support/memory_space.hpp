@@ -17,7 +17,9 @@
 
 #include <concepts>
 #include <cstring>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace unison::test {
 
@@ -50,6 +52,32 @@ concept engine_space = memory_space<Space, C> &&
     Space::load(comm, src, out);
 };
 
+/// `v`'s elements (memory an engine hands out, in `Space`) on the host.
+template <class Space, communicator C, class T>
+std::vector<std::remove_const_t<T>> load_view(C& comm, view<T> v) {
+    std::vector<std::remove_const_t<T>> out(v.size);
+    Space::load(comm, const_buffer(v.data, v.size, dtype_of<std::remove_const_t<T>>, v.location),
+                out.data());
+    return out;
+}
+
+/// Writes `values` (v.size of them) into `v` in `Space`.
+template <class Space, communicator C, class T>
+void store_view(C& comm, view<T> v, const std::vector<T>& values) {
+    Space::store(comm, buffer{v.data, v.size, dtype_of<T>, v.location}, values.data());
+}
+
+/// Adds `delta(i)` to every element i of `v` in `Space` on the host, as a framework's
+/// backward adds into a gradient.
+template <class Space, communicator C, class T, class F>
+void add_to_view(C& comm, view<T> v, F&& delta) {
+    std::vector<T> values = load_view<Space>(comm, v);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        values[i] += static_cast<T>(delta(i));
+    }
+    store_view<Space>(comm, v, values);
+}
+
 /// Host memory: the tensor is the host_buffer itself, moved in and read in place.
 struct host_space {
     using tensor = host_buffer;
@@ -74,6 +102,14 @@ struct host_space {
     /// Host memory is where every engine starts.
     template <communicator C, class Engine>
     static void attach(C&, Engine&) {}
+};
+
+/// Host memory that the training cases treat as another space: their model stages
+/// its values and gradients through copies in it (staged_ddp_binding,
+/// sharded_binding), as it does on a GPU, so the staging itself runs where no GPU
+/// is.
+struct staged_host_space : host_space {
+    static constexpr bool on_host = false;
 };
 
 } // namespace unison::test

@@ -10,6 +10,16 @@
 
 UNISON_SHARDED_SUITE(unison::test::backend::thread);
 
+// The training and accumulation cases as the device fixtures run them (the model's
+// values and gradients staged through the engine's memory around each layer), on
+// host memory.
+TEST_CASE("thread sharded: training through staged copies equals single-process training") {
+    unison::test::backend::thread::run([](auto& comm) {
+        unison::test::sharded_training_cases<unison::test::staged_host_space>(comm);
+        unison::test::accumulation_cases<unison::test::staged_host_space>(comm);
+    });
+}
+
 TEST_CASE("thread sharded: ZeRO-3 at 4 ranks resumes as ZeRO-1 at 2, DDP at 1, ZeRO-2 at 3") {
     using namespace unison::policy;
     namespace fs = std::filesystem;
