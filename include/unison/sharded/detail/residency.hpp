@@ -107,6 +107,7 @@ struct transient_memory {
         ++live;
         live_peak = std::max(live_peak, live);
     }
+    void remove_live() noexcept { --live; }
 };
 
 /// One unit's span on the timeline's fsdp lane (core/timeline.hpp): `what` is
@@ -289,7 +290,7 @@ public:
         memory.remove(u.full_param.size());
         u.full_param.reset();
         s.state = phase::sharded;
-        --memory.live;
+        memory.remove_live();
         if (timeline::enabled()) {
             timeline::instant(rank, timeline::lane::fsdp, "fsdp",
                               "release unit " + std::to_string(k));

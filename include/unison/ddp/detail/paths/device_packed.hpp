@@ -60,12 +60,7 @@ public:
                                    e.grad.count, scales.pre, false);
                 }
             }
-            for (std::size_t g : b.members) {
-                const reducer_entry& e = s.entries[g];
-                if (e.zero) {
-                    s.place.zero(slot(data, e), e.bucket_type, e.grad.count);
-                }
-            }
+            write_zero_members(s, k, data);
         }
         s.place.order_before(comm, "bucketed_reducer");
         return hook.launch(comm, bucket_view(s, k, data));

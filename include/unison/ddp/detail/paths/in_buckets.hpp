@@ -57,12 +57,7 @@ public:
         const reducer_bucket& b = s.buckets[k];
         std::byte* data = memory(k);
         if (b.any_zero) {
-            for (std::size_t g : b.members) {
-                const reducer_entry& e = s.entries[g];
-                if (e.zero) {
-                    s.place.zero(slot(data, e), e.bucket_type, e.grad.count);
-                }
-            }
+            write_zero_members(s, k, data);
         }
         if (scales.pre != 1.0) {
             s.place.scale_cast(data, b.type, data, b.type, b.count, scales.pre);

@@ -100,6 +100,17 @@ inline std::byte* slot(std::byte* bucket, const reducer_entry& e) noexcept {
     return bucket + e.offset * size_of(e.bucket_type);
 }
 
+/// Writes zero where the members of bucket `k` that contribute nothing in this
+/// step sit in its memory `bucket`.
+inline void write_zero_members(const path_state& s, std::size_t k, std::byte* bucket) {
+    for (std::size_t g : s.buckets[k].members) {
+        const reducer_entry& e = s.entries[g];
+        if (e.zero) {
+            s.place.zero(slot(bucket, e), e.bucket_type, e.grad.count);
+        }
+    }
+}
+
 /// What a hook sees of bucket `k`, whose values are at `memory`.
 inline bucket_ref bucket_view(const path_state& s, std::size_t k, std::byte* memory) {
     const reducer_bucket& b = s.buckets[k];
