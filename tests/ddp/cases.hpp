@@ -590,16 +590,46 @@ void reducer_join_case(C& comm, std::uint64_t seed = 41) {
     UNISON_CHECK_CASE(comm, "join", o);
 }
 
+/// `values` as a tensor in memory space `Space`.
+template <class Space, communicator C, class T>
+typename Space::tensor space_tensor(C& comm, const std::vector<T>& values) {
+    host_buffer h(dtype_of<T>, values.size());
+    std::memcpy(h.bytes.data(), values.data(), values.size() * sizeof(T));
+    return Space::make(comm, std::move(h));
+}
+
+/// The elements of `t`, a tensor of T in memory space `Space`, on the host.
+template <class T, class Space, communicator C>
+std::vector<T> space_values(C& comm, const typename Space::tensor& t) {
+    const host_buffer& h = Space::read(comm, t);
+    std::vector<T> out(h.n);
+    std::memcpy(out.data(), h.bytes.data(), out.size() * sizeof(T));
+    return out;
+}
+
+/// A sum over the ranks, in `Space`, after a check that threw: the communicator is
+/// still usable.
+template <class Space, communicator C>
+void check_still_usable(C& comm) {
+    auto x = space_tensor<Space>(comm, std::vector<float>(3, 1.0f));
+    all_reduce(comm, x.view());
+    CHECK(space_values<float, Space>(comm, x)[0] == static_cast<float>(comm.size()));
+}
+
 /// Misuse is an argument_error naming what was wrong; a registration that differs
-/// across ranks is a mismatch_error on every rank. (Host memory: the errors are
-/// the same wherever the gradients are, and the checks use host collectives.)
-template <communicator C>
+/// across ranks is a mismatch_error on every rank. The gradients (and ddp's
+/// parameters) are tensors in `Space`, with the reducers put there; the errors are
+/// the same wherever they live.
+template <class Space, communicator C>
 void reducer_error_cases(C& comm) {
     using namespace unison::policy;
-    std::vector<float> a(10, 1.0f), b(20, 1.0f);
+    // Declared before the reducers, which keep pointers to them.
+    auto a = space_tensor<Space>(comm, std::vector<float>(10, 1.0f));
+    auto b = space_tensor<Space>(comm, std::vector<float>(20, 1.0f));
     {
         bucketed_reducer<C> r(comm);
-        r.add(a, "a");
+        Space::attach(comm, r);
+        r.add(a.view(), "a");
         CHECK_THROWS_WITH_AS(r.mark_ready(0), doctest::Contains("start()"), argument_error);
         r.start();
         CHECK_THROWS_WITH_AS(r.mark_ready(5), doctest::Contains("out of range"), argument_error);
@@ -607,7 +637,7 @@ void reducer_error_cases(C& comm) {
         CHECK_THROWS_WITH_AS(r.mark_ready(0), doctest::Contains("'a' marked ready twice"),
                              argument_error);
         (void)r.finish();
-        CHECK_THROWS_WITH_AS(r.rebind(0, b), doctest::Contains("'a' rebound to 20"),
+        CHECK_THROWS_WITH_AS(r.rebind(0, b.view()), doctest::Contains("'a' rebound to 20"),
                              argument_error);
     }
     {
@@ -615,7 +645,8 @@ void reducer_error_cases(C& comm) {
         // trap: every rank would step on its own gradients): the second backward's
         // mark_ready names the mistake before any step is taken.
         bucketed_reducer<C> r(comm, {.accumulate_steps = 2});
-        r.add(a, "a");
+        Space::attach(comm, r);
+        r.add(a.view(), "a");
         r.start();
         r.mark_ready(0);                      // micro-batch 1
         CHECK_THROWS_WITH_AS(r.mark_ready(0), // micro-batch 2, without finish() in between
@@ -629,7 +660,8 @@ void reducer_error_cases(C& comm) {
     }
     {
         bucketed_reducer<C, mixed_precision<dtype::f64, dtype::f32>> r(comm);
-        CHECK_THROWS_WITH_AS(r.add(a, "w"),
+        Space::attach(comm, r);
+        CHECK_THROWS_WITH_AS(r.add(a.view(), "w"),
                              doctest::Contains("'w' is float but mixed_precision says parameters "
                                                "and gradients are double"),
                              argument_error);
@@ -637,29 +669,30 @@ void reducer_error_cases(C& comm) {
     CHECK_THROWS_WITH_AS((bucketed_reducer<C>(comm, {.accumulate_steps = 0})),
                          doctest::Contains("accumulate_steps is 0"), argument_error);
     {
-        std::vector<int> ints(4, 1);
+        auto ints = space_tensor<Space>(comm, std::vector<int>(4, 1));
         bucketed_reducer<C> r(comm);
-        CHECK_THROWS_WITH_AS(r.add(ints, "counts"), doctest::Contains("'counts' has dtype int32"),
-                             argument_error);
+        Space::attach(comm, r);
+        CHECK_THROWS_WITH_AS(r.add(ints.view(), "counts"),
+                             doctest::Contains("'counts' has dtype int32"), argument_error);
     }
     if (comm.size() > 1) {
         bucketed_reducer<C> r(comm);
-        r.add(a, "a");
+        Space::attach(comm, r);
+        r.add(a.view(), "a");
         if (comm.rank() == 1) {
-            r.add(b, "b"); // rank 1's model has one more parameter
+            r.add(b.view(), "b"); // rank 1's model has one more parameter
         }
         CHECK_THROWS_AS(r.start(), mismatch_error);
         // The check was one completed collective: the communicator is still usable.
-        std::vector<float> x(3, 1.0f);
-        all_reduce(comm, x);
-        CHECK(x[0] == static_cast<float>(comm.size()));
+        check_still_usable<Space>(comm);
     }
     if (comm.size() > 1) {
         // Another accumulate_steps on one rank would pair its reductions with the
         // others' accumulating passes: start() compares the options.
         const int odd = comm.size() - 1;
         bucketed_reducer<C> r(comm, {.accumulate_steps = comm.rank() == odd ? 2 : 1});
-        r.add(a, "a");
+        Space::attach(comm, r);
+        r.add(a.view(), "a");
         try {
             r.start();
             FAIL("start() accepted different accumulate_steps");
@@ -668,27 +701,27 @@ void reducer_error_cases(C& comm) {
             CHECK(e.other_rank() == (comm.rank() == odd ? 0 : odd));
             CHECK(std::string(e.what()).find("has accumulate_steps = ") != std::string::npos);
         }
-        std::vector<float> x(3, 1.0f);
-        all_reduce(comm, x);
-        CHECK(x[0] == static_cast<float>(comm.size()));
+        check_still_usable<Space>(comm);
     }
     if (comm.size() > 1) {
         // ddp::start compares the parameters' sizes before its broadcast, which would
         // otherwise truncate (MPI kills the job) or read past a buffer, and names the
         // first one that differs.
-        std::vector<float> b(4, 1.0f), gb(4, 0.0f);
-        std::vector<float> w(comm.rank() == 1 ? 12 : 10, 1.0f), gw(w.size(), 0.0f);
+        const std::size_t n = comm.rank() == 1 ? 12 : 10;
+        auto b = space_tensor<Space>(comm, std::vector<float>(4, 1.0f));
+        auto gb = space_tensor<Space>(comm, std::vector<float>(4, 0.0f));
+        auto w = space_tensor<Space>(comm, std::vector<float>(n, 1.0f));
+        auto gw = space_tensor<Space>(comm, std::vector<float>(n, 0.0f));
         ddp<C> dp(comm);
-        dp.add_parameter(b, gb, "b");
-        dp.add_parameter(w, gw, "w");
-        const std::string expected = "entry #1, on this rank parameter 'w' (" +
-                                     std::to_string(w.size()) + " float), is different on rank " +
+        Space::attach(comm, dp);
+        dp.add_parameter(b.view(), gb.view(), "b");
+        dp.add_parameter(w.view(), gw.view(), "w");
+        const std::string expected = "entry #1, on this rank parameter 'w' (" + std::to_string(n) +
+                                     " float), is different on rank " +
                                      std::to_string(comm.rank() == 1 ? 0 : 1);
         CHECK_THROWS_WITH_AS(dp.start(), doctest::Contains(expected.c_str()), mismatch_error);
-        std::vector<float> x(3, 1.0f);
-        all_reduce(comm, x);
-        CHECK(x[0] == static_cast<float>(comm.size()));
-        CHECK(w[0] == 1.0f); // nothing was broadcast
+        check_still_usable<Space>(comm);
+        CHECK(space_values<float, Space>(comm, w)[0] == 1.0f); // nothing was broadcast
     }
 }
 

@@ -1,7 +1,10 @@
 #pragma once
 
 // Misuse of sharded_parameters is reported with an error that names the parameter,
-// unit or rank, before any collective is left half-issued.
+// unit or rank, before any collective is left half-issued. The engines live in the
+// fixture's memory space (tests/support/memory_space.hpp): the values and gradients
+// the cases write or read are stored to and loaded from it; initial values stay host
+// vectors, which the engines copy in.
 
 #include "accounting.hpp"
 
@@ -9,12 +12,22 @@
 
 namespace unison::test {
 
-template <communicator C>
+/// Sets element `i` of `v` (memory an engine hands out, in `Space`) to `x`, leaving
+/// the others as they are.
+template <class Space, communicator C, class T>
+void set_in_view(C& comm, view<T> v, std::size_t i, T x) {
+    std::vector<T> values = load_view<Space>(comm, v);
+    values[i] = x;
+    store_view<Space>(comm, v, values);
+}
+
+template <class Space, communicator C>
 void sharded_misuse_cases(C& comm) {
     using namespace unison::policy;
     std::vector<float> ten(10, 0.5f);
     {
         sharded_parameters<C, zero<3>> sp(comm, {.max_live_units = 1});
+        Space::attach(comm, sp);
         sp.add_unit({{"a", 10}});
         sp.add_unit({{"b", 7}, {"c", 3}});
         CHECK_THROWS_WITH_AS(sp.add_unit({{"a", 4}}), doctest::Contains("'a' used twice"),
@@ -34,7 +47,7 @@ void sharded_misuse_cases(C& comm) {
         CHECK_THROWS_WITH_AS(sp.gather(1), doctest::Contains("limit 1); release one of units 0"),
                              argument_error);
         CHECK_FALSE(sp.prefetch(1)); // at the limit: prefetching stops quietly
-        CHECK(sp.template parameter<float>(0).data[3] == 0.5f);
+        CHECK(load_view<Space>(comm, sp.template parameter<float>(0))[3] == 0.5f);
         sp.release(0);
         CHECK(sp.memory().live_units_peak == 1);
         (void)sp.template gradient<float>(2);
@@ -53,17 +66,19 @@ void sharded_misuse_cases(C& comm) {
         // Full gradients resident (ZeRO-0): a second reduction before zero_grad would
         // mix an average into the next sum, so it is refused; the values stay.
         sharded_parameters<C, zero<0>> sp(comm);
+        Space::attach(comm, sp);
         sp.add_unit({{"a", 10}});
         sp.start();
-        sp.template gradient<float>(0).data[2] = 3.0f;
+        set_in_view<Space>(comm, sp.template gradient<float>(0), 2, 3.0f);
         sp.reduce_gradients(0);
         sp.wait_gradients();
-        sp.template gradient<float>(0).data[2] += 1.0f;
+        add_to_view<Space>(comm, sp.template gradient<float>(0),
+                           [](std::size_t i) { return i == 2 ? 1.0f : 0.0f; });
         CHECK_THROWS_WITH_AS(sp.reduce_gradients(0),
                              doctest::Contains("unit 0 reduced again before zero_grad(): its "
                                                "full gradients already hold the average"),
                              argument_error);
-        CHECK(sp.template gradient<float>(0).data[2] == 4.0f);
+        CHECK(load_view<Space>(comm, sp.template gradient<float>(0))[2] == 4.0f);
         sp.zero_grad();
     }
     {
@@ -72,18 +87,22 @@ void sharded_misuse_cases(C& comm) {
         // both averages, 11 * (n + 1) / 2.
         const int n = comm.size();
         sharded_parameters<C, zero<2>> sp(comm);
+        Space::attach(comm, sp);
         sp.add_unit({{"a", 12}});
         sp.start();
         for (const float f : {1.0f, 10.0f}) {
             const view<float> g = sp.template gradient<float>(0);
+            std::vector<float> values(g.size);
             for (std::size_t i = 0; i < g.size; ++i) {
-                g.data[i] = f * static_cast<float>(comm.rank() + 1) + static_cast<float>(i);
+                values[i] = f * static_cast<float>(comm.rank() + 1) + static_cast<float>(i);
             }
+            store_view<Space>(comm, g, values);
             sp.reduce_gradients(0);
             sp.wait_gradients();
         }
         const auto part = sp.partition_of(0);
-        const float* got = static_cast<const float*>(part.grad);
+        const auto bytes = loaded<Space>(sp, part.grad, part.range.size(), dtype::f32);
+        const auto* got = reinterpret_cast<const float*>(bytes.data());
         bool ok = true;
         for (std::size_t i = part.range.begin; i < part.range.end && i < 12; ++i) {
             const double want = 11.0 * (n + 1) / 2.0 + 2.0 * static_cast<double>(i);
@@ -101,6 +120,7 @@ void sharded_misuse_cases(C& comm) {
     if (comm.size() > 1) {
         // Another parameter size on the last rank: every rank learns who differs.
         sharded_parameters<C, zero<2>> sp(comm);
+        Space::attach(comm, sp);
         sp.add_unit({{"w", comm.rank() + 1 == comm.size() ? std::size_t{11} : std::size_t{10}}});
         const std::string want = "parameter 'w' (" +
                                  std::string(comm.rank() + 1 == comm.size() ? "11" : "10") +
@@ -110,6 +130,7 @@ void sharded_misuse_cases(C& comm) {
     if (comm.size() > 1) {
         // Other initial values on rank 1.
         sharded_parameters<C, zero<3>> sp(comm);
+        Space::attach(comm, sp);
         sp.add_unit({{"w", 10}});
         std::vector<float> v(10, comm.rank() == 1 ? 0.25f : 0.5f);
         sp.set_parameter(0, v);
@@ -121,13 +142,15 @@ void sharded_misuse_cases(C& comm) {
 
 /// Misuse of the fsdp engine: scopes out of order, handles of another engine, reads
 /// outside a unit's scope, and ranks that run different units of the same size
-/// (which would otherwise mix their data silently) are errors naming the unit.
-template <communicator C>
+/// (which would otherwise mix their data silently) are errors naming the unit. The
+/// initial values are host vectors wherever the engine is (it copies them in).
+template <class Space, communicator C>
 void fsdp_misuse_cases(C& comm) {
     using namespace unison::policy;
     std::vector<float> a(10, 0.5f), b(10, 0.25f);
     {
         fsdp<C, shard::full> engine(comm, {.prefetch = 0});
+        Space::attach(comm, engine);
         const std::vector<int> counts(4, 1);
         CHECK_THROWS_WITH_AS(engine.add_unit({{"n", counts}}),
                              doctest::Contains("initial values of 'n' are int32 on host; "
@@ -144,7 +167,7 @@ void fsdp_misuse_cases(C& comm) {
                              argument_error);
         {
             auto scope = engine.forward(u0);
-            CHECK(engine.value(u0[0]).data[9] == 0.5f);
+            CHECK(load_view<Space>(comm, engine.value(u0[0]))[9] == 0.5f);
             CHECK_THROWS_WITH_AS(
                 engine.before_forward(u0),
                 doctest::Contains("unit 0 ('a') entered again before leaving its forward"),
@@ -160,12 +183,13 @@ void fsdp_misuse_cases(C& comm) {
                              argument_error);
         CHECK_THROWS_AS((void)u1[1], std::out_of_range);
         fsdp<C> other(comm);
+        Space::attach(comm, other);
         const unit_handle w = other.add_unit({{"w", a}});
         CHECK_THROWS_WITH_AS(engine.before_forward(w),
                              doctest::Contains("does not belong to this engine"), argument_error);
         {
             auto scope = engine.backward(u1);
-            engine.gradient(u1[0]).data[0] = 1.0f;
+            set_in_view<Space>(comm, engine.gradient(u1[0]), 0, 1.0f);
         }
         CHECK_THROWS_WITH_AS(
             engine.before_backward(u1),
@@ -188,14 +212,13 @@ void fsdp_misuse_cases(C& comm) {
                              doctest::Contains("accumulate_steps is 0"), argument_error);
         fsdp<C, shard::full, optim::sgd> engine(comm,
                                                 {.optimizer = {.lr = 1.0}, .accumulate_steps = 2});
+        Space::attach(comm, engine);
         const unit_handle u = engine.add_unit({{"a", a}});
         engine.start();
         auto micro_batch = [&](float g) {
             { auto scope = engine.forward(u); }
             auto scope = engine.backward(u);
-            for (std::size_t i = 0; i < 10; ++i) {
-                engine.gradient(u[0]).data[i] += g;
-            }
+            add_to_view<Space>(comm, engine.gradient(u[0]), [&](std::size_t) { return g; });
         };
         {
             auto quiet = engine.no_sync();
@@ -230,6 +253,7 @@ void fsdp_misuse_cases(C& comm) {
         // parameter as the user gave it, the engine and its call (not its parts').
         const bool odd = comm.rank() + 1 == comm.size();
         fsdp<C, shard::full> engine(comm);
+        Space::attach(comm, engine);
         engine.add_unit({{"fc.weight", a}});
         engine.add_unit({{odd ? "head.weight" : "head.bias", b}});
         const std::string want = "fsdp start: entry #1, on this rank parameter '" +
@@ -243,6 +267,7 @@ void fsdp_misuse_cases(C& comm) {
         // Another accumulate_steps on the last rank: every rank learns it at start().
         const bool odd = comm.rank() + 1 == comm.size();
         fsdp<C, shard::full> engine(comm, {.accumulate_steps = odd ? 3 : 2});
+        Space::attach(comm, engine);
         engine.add_unit({{"a", a}});
         const std::string want =
             "rank " + std::to_string(comm.size() - 1) + " has accumulate_steps = 3, this rank 2";
@@ -256,6 +281,7 @@ void fsdp_misuse_cases(C& comm) {
         // are matched the first gather is an error naming the tag; elsewhere the
         // collectives complete with mixed data and step() refuses to apply it.
         fsdp<C, shard::full> engine(comm, {.prefetch = 0});
+        Space::attach(comm, engine);
         const unit_handle u0 = engine.add_unit({{"a", a}});
         const unit_handle u1 = engine.add_unit({{"b", b}});
         engine.start();
@@ -267,7 +293,7 @@ void fsdp_misuse_cases(C& comm) {
             { auto scope = engine.forward(second); }
             for (const unit_handle* u : {&second, &first}) {
                 auto scope = engine.backward(*u);
-                engine.gradient((*u)[0]).data[0] = 1.0f;
+                set_in_view<Space>(comm, engine.gradient((*u)[0]), 0, 1.0f);
             }
             engine.step();
         } catch (const mismatch_error& e) {

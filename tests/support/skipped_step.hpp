@@ -7,8 +7,10 @@
 // call they make. So the first collective of the skipped step must fail on every
 // rank with a mismatch_error on "step", where unstamped the skipping rank's step
 // would pair with the others' previous one and mix gradients of different batches.
+// The engines live in the fixture's memory space (memory_space.hpp): the gradients
+// are stored to and loaded from it.
 
-#include "../support/reference.hpp"
+#include "memory_space.hpp"
 
 #include <unison/ddp.hpp>
 #include <unison/sharded.hpp>
@@ -17,6 +19,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -40,11 +43,44 @@ inline void check_failed_at(int rank, int skipper, std::uint64_t failed_at, cons
     CHECK(what.find("step " + std::to_string(skipped_step)) != std::string::npos);
     CHECK(what.find("step " + std::to_string(skipped_step + 1)) != std::string::npos);
 }
+
+// Whether `comm` compares every collective's signature, its step included, across
+// ranks before any data moves. The thread, MPI and Gloo backends always do; NCCL
+// (the one backend that moves device memory only) does only with
+// comm_options::check_matching (UNISON_DEBUG=1). Without the check the skipping
+// rank's calls pair with the others' of the previous step, and the others' last
+// step waits for a partner until the timeout: there is nothing to catch.
+template <communicator C>
+bool compares_steps(const C& comm) {
+    return moves_host_memory<C> || comm.options().check_matching;
+}
+
+// Says, once per world, why the case did not run.
+template <communicator C>
+void note_unchecked(const C& comm) {
+    if (comm.rank() == 0) {
+        MESSAGE("skipped-step case not run: this communicator compares calls across ranks "
+                "only with check_matching (UNISON_DEBUG=1)");
+    }
+}
+
+// `n` copies of `x` as a tensor of floats in `Space`.
+template <class Space, communicator C>
+typename Space::tensor filled_tensor(C& comm, std::size_t n, float x) {
+    const std::vector<float> values(n, x);
+    host_buffer h(dtype::f32, n);
+    std::memcpy(h.bytes.data(), values.data(), n * sizeof(float));
+    return Space::make(comm, std::move(h));
+}
 } // namespace skip_detail
 
-template <communicator C>
+template <class Space, communicator C>
 void ddp_skipped_step_is_caught(C& comm) {
     if (comm.size() < 2) {
+        return;
+    }
+    if (!skip_detail::compares_steps(comm)) {
+        skip_detail::note_unchecked(comm);
         return;
     }
     const int skipper = comm.size() - 1;
@@ -52,15 +88,27 @@ void ddp_skipped_step_is_caught(C& comm) {
     auto grad = [](int rank, std::uint64_t step, std::size_t g, std::size_t i) {
         return skip_detail::value(77 + step, rank, g * 4096 + i);
     };
-    stepped_communicator<C> steps(comm);
-    std::vector<std::vector<float>> params(sizes.size()), grads(sizes.size());
-    ddp<stepped_communicator<C>> dp(steps); // one bucket: one all_reduce per step
+    // The parameters and gradients in the space, made before ddp, which keeps
+    // their addresses; `values` is the gradients' host copy, stored and loaded.
+    std::vector<typename Space::tensor> params, grads;
+    std::vector<std::vector<float>> values(sizes.size());
     for (std::size_t g = 0; g < sizes.size(); ++g) {
-        params[g].assign(sizes[g], 0.5f);
-        grads[g].assign(sizes[g], 0.0f);
-        dp.add_parameter(params[g], grads[g], "w" + std::to_string(g));
+        params.push_back(skip_detail::filled_tensor<Space>(comm, sizes[g], 0.5f));
+        grads.push_back(skip_detail::filled_tensor<Space>(comm, sizes[g], 0.0f));
+        values[g].resize(sizes[g]);
+    }
+    stepped_communicator<C> steps(comm);
+    ddp<stepped_communicator<C>> dp(steps); // one bucket: one all_reduce per step
+    Space::attach(comm, dp);
+    for (std::size_t g = 0; g < sizes.size(); ++g) {
+        dp.add_parameter(params[g].view(), grads[g].view(), "w" + std::to_string(g));
     }
     dp.start();
+    auto load_grads = [&] {
+        for (std::size_t g = 0; g < sizes.size(); ++g) {
+            Space::load(comm, grads[g].view(), values[g].data());
+        }
+    };
     std::uint64_t failed_at = ~std::uint64_t{0};
     std::string what, field;
     double worst = 0; // |averaged - reference| in the steps before the skip
@@ -71,10 +119,11 @@ void ddp_skipped_step_is_caught(C& comm) {
         steps.set_step(i);
         for (std::size_t g = 0; g < sizes.size(); ++g) {
             for (std::size_t j = 0; j < sizes[g]; ++j) {
-                grads[g][j] = static_cast<float>(grad(comm.rank(), i, g, j));
+                values[g][j] = static_cast<float>(grad(comm.rank(), i, g, j));
             }
+            Space::store(comm, grads[g].view(), values[g].data());
         }
-        const std::vector<std::vector<float>> before = grads;
+        const std::vector<std::vector<float>> before = values;
         try {
             for (std::size_t g = sizes.size(); g-- > 0;) {
                 dp.mark_ready(g);
@@ -84,9 +133,11 @@ void ddp_skipped_step_is_caught(C& comm) {
             failed_at = i;
             what = e.what();
             field = e.field();
-            CHECK(grads == before); // nothing written back
+            load_grads();
+            CHECK(values == before); // nothing written back
             break;
         }
+        load_grads();
         for (std::size_t g = 0; g < sizes.size(); ++g) {
             for (std::size_t j = 0; j < sizes[g]; ++j) {
                 double mean = 0;
@@ -94,7 +145,7 @@ void ddp_skipped_step_is_caught(C& comm) {
                     mean += grad(r, i, g, j);
                 }
                 mean /= comm.size();
-                worst = std::max(worst, std::abs(grads[g][j] - mean));
+                worst = std::max(worst, std::abs(values[g][j] - mean));
             }
         }
     }
@@ -104,9 +155,13 @@ void ddp_skipped_step_is_caught(C& comm) {
 
 // Strategy shard::hybrid splits the communicator: the split-off ones share the
 // stepped_communicator's step.
-template <class Strategy, communicator C>
+template <class Strategy, class Space, communicator C>
 void fsdp_skipped_step_is_caught(C& comm) {
     if (comm.size() < 2) {
+        return;
+    }
+    if (!skip_detail::compares_steps(comm)) {
+        skip_detail::note_unchecked(comm);
         return;
     }
     const int skipper = comm.size() - 1;
@@ -126,6 +181,7 @@ void fsdp_skipped_step_is_caught(C& comm) {
     stepped_communicator<C> steps(comm);
     engine_type engine(steps,
                        {.optimizer = {.lr = 0.25}, .prefetch = 0, .shard_group_size = group});
+    Space::attach(comm, engine);
     std::vector<unit_handle> u;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
         u.push_back(engine.add_unit({{"p" + std::to_string(k), init[k]}}));
@@ -144,10 +200,9 @@ void fsdp_skipped_step_is_caught(C& comm) {
             }
             for (std::size_t k = sizes.size(); k-- > 0;) {
                 auto s = engine.backward(u[k]);
-                const view<float> g = engine.gradient(u[k][0]);
-                for (std::size_t j = 0; j < g.size; ++j) {
-                    g.data[j] += static_cast<float>(skip_detail::value(31 + i, comm.rank(), j));
-                }
+                add_to_view<Space>(comm, engine.gradient(u[k][0]), [&](std::size_t j) {
+                    return skip_detail::value(31 + i, comm.rank(), j);
+                });
             }
             engine.step();
         } catch (const mismatch_error& e) {
