@@ -9,13 +9,14 @@
 #
 # Stages, in this order unless named: tests torch bench nccl-bench memcheck
 # racecheck. Each has its own time bound, so that a slow sanitizer cannot starve the
-# stages after it. memcheck runs unison's GPU tests with every CUDA API error
-# reported, except the one NCCL case: NCCL probes kernels that a system NCCL may not
+# stages after it; the bounds add up to 540 s, so that every stage fits one device
+# call of 600 s. memcheck runs unison's GPU tests with every CUDA API error
+# reported, except the NCCL cases: NCCL probes kernels that a system NCCL may not
 # carry for this GPU (cudaFuncGetAttributes: "no kernel image"), which is NCCL's own
-# and handled there; that case runs under memcheck with API errors off. memcheck
-# leaves out the suites' training and accumulation cases: they take the device paths
-# the other cases take, for 20 steps each, which under the sanitizer would not fit
-# a lent machine's time.
+# and handled there; those run under memcheck with API errors off. memcheck leaves
+# out the suites' training, accumulation and loss normalization cases: they take
+# the device paths the other cases take, for 20 steps each, which under the
+# sanitizer would not fit a lent machine's time.
 # Prints a summary last (a lent machine's reply carries only the end of the output).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,26 +49,26 @@ tests_bin=.gpu/bin/unison-cuda-tests
 
 for s in "${stages[@]}"; do
     case $s in
-        tests) bounded 180 tests bash .gpu/run.sh tests --duration=true ;;
+        tests) bounded 150 tests bash .gpu/run.sh tests --duration=true ;;
         torch)
             if [ -f .gpu/torch/run.sh ]; then
-                bounded 80 torch-tests bash .gpu/torch/run.sh --duration=true
+                bounded 60 torch-tests bash .gpu/torch/run.sh --duration=true
             else note "torch: not bundled (scripts/gpu-torch-bundle.sh)"; fi ;;
-        bench) bounded 120 bench bash .gpu/run.sh bench ;;
+        bench) bounded 80 bench bash .gpu/run.sh bench ;;
         nccl-bench)
             if [ -f .gpu/nccl-bench/run.sh ]; then
-                bounded 40 nccl-bench bash .gpu/nccl-bench/run.sh
+                bounded 30 nccl-bench bash .gpu/nccl-bench/run.sh
             else note "nccl-bench: not bundled (scripts/gpu-nccl-bench-bundle.sh)"; fi ;;
         memcheck)
             export LD_LIBRARY_PATH=$root/.gpu/lib:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-            bounded 150 memcheck "$san" --tool memcheck --leak-check full \
-                --error-exitcode 1 "$tests_bin" -tce='*NCCL*,*training*,*accumulation*'
-            bounded 40 memcheck-nccl "$san" --tool memcheck \
+            bounded 100 memcheck "$san" --tool memcheck --leak-check full \
+                --error-exitcode 1 "$tests_bin" -tce='*NCCL*,*training*,*accumulation*,*normalization*'
+            bounded 30 memcheck-nccl "$san" --tool memcheck \
                 --report-api-errors no --error-exitcode 1 "$tests_bin" -tc='*NCCL*' \
-                -tce='*training*,*accumulation*' ;;
+                -tce='*training*,*accumulation*,*normalization*' ;;
         racecheck)
             export LD_LIBRARY_PATH=$root/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-            bounded 180 racecheck "$san" --tool racecheck --error-exitcode 1 \
+            bounded 90 racecheck "$san" --tool racecheck --error-exitcode 1 \
                 "$tests_bin" -tc='kernels*' ;;
         *) note "unknown stage $s" ;;
     esac

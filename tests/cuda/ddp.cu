@@ -10,6 +10,9 @@
 #include "backends.cuh"
 
 UNISON_DDP_SUITE(unison::test::backend::thread_on_gpu);
+// The same threads behind a communicator that moves device memory only, as NCCL
+// does: the engines' bookkeeping collectives go through the GPU, at 1 to 4 ranks.
+UNISON_DDP_SUITE(unison::test::backend::thread_on_gpu_device_only);
 #if UNISON_HAS_NCCL()
 UNISON_DDP_SUITE(unison::test::backend::nccl_engines);
 #endif

@@ -7,8 +7,8 @@
 // scaling), training, accumulation, checkpoints and the fsdp engine's semantics
 // run on the fixture's memory space, the GPU on the device fixtures: there the
 // engine is on the GPU and the examples' host MLP loads its values and gradients
-// from it around each layer (sharded_binding), and the training cases leave out
-// the comparison with a host-memory DDP (NCCL moves device memory only). Misuse and
+// from it around each layer (sharded_binding), and the DDP it is compared with
+// works on copies in the same memory (staged_ddp_binding). Misuse and
 // the skipped step run there too, with the engines on the GPU, so the argument and
 // order checks are run against the device paths as well; the skipped step needs a
 // communicator that compares every call across ranks, which NCCL does only with

@@ -50,9 +50,15 @@ inline void check_failed_at(int rank, int skipper, std::uint64_t failed_at, cons
 // comm_options::check_matching (UNISON_DEBUG=1). Without the check the skipping
 // rank's calls pair with the others' of the previous step, and the others' last
 // step waits for a partner until the timeout: there is nothing to catch.
+// A decorator (stepped, counting, device_memory_only) compares what the
+// communicator it wraps compares.
 template <communicator C>
-bool compares_steps(const C& comm) {
-    return moves_host_memory<C> || comm.options().check_matching;
+bool compares_steps(C& comm) {
+    if constexpr (requires { comm.inner(); }) {
+        return compares_steps(comm.inner());
+    } else {
+        return moves_host_memory<C> || comm.options().check_matching;
+    }
 }
 
 // Says, once per world, why the case did not run.

@@ -36,7 +36,9 @@ struct loss_normalization {
     double loss_scale = 0.0;
 };
 
-/// Collective: all-reduces the number of items and returns the global count.
+/// Collective: all-reduces the number of items and returns the global count. On
+/// host memory: over a communicator that moves device memory only (NCCL) use
+/// normalize_loss, which counts through the reducer's device.
 template <communicator C>
 std::int64_t global_item_count(C& comm, std::int64_t local_items) {
     if (local_items < 0) {
