@@ -138,9 +138,19 @@ private:
                      "forever, so this process ends the job: MPI_Abort with exit code %d\n",
                      rank, why.c_str(), abort_exit_code);
         std::fflush(stderr);
+        // The line above is the only account of why the job ended, and it is in a
+        // pipe to the launcher. MPICH's Hydra can act on the abort before it has
+        // forwarded that pipe and then drops it (seen on a loaded machine: exit
+        // status 75 and no line from any rank), as other launchers have done. So
+        // give the launcher a moment to forward it first.
+        std::this_thread::sleep_for(abort_output_grace);
         MPI_Abort(MPI_COMM_WORLD, abort_exit_code);
         std::_Exit(abort_exit_code); // MPI_Abort does not return; if it did, leave anyway
     }
+
+    /// How long a process that ends the job waits between writing why and calling
+    /// MPI_Abort, so that the launcher forwards the message before killing the job.
+    static constexpr std::chrono::milliseconds abort_output_grace{500};
 
     bool owner_ = false;
     MPI_Comm exit_comm_ = MPI_COMM_NULL;
