@@ -24,7 +24,9 @@
 # eagerly, without waiting for their receive (Open MPI's TCP eager limit; SimGrid's
 # default makes every message wait for its receive, which real MPIs do only for
 # large ones). SimGrid's default latency and bandwidth factors by message size
-# (calibrated on a real cluster) stay.
+# (calibrated on a real cluster) stay. UNISON_SIM_CFG adds settings of your own,
+# split at spaces, e.g. a cost for posting each message, which SMPI leaves at 0:
+#   UNISON_SIM_CFG="--cfg=smpi/os:0:5e-7:0 --cfg=smpi/ois:0:5e-7:0 --cfg=smpi/or:0:5e-7:0"
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -89,11 +91,12 @@ for platform in $platforms; do
             [ "$n" -ge "$shared_from" ] && args+=(--shared)
             [ $first -eq 0 ] && args+=(-a none)
             start=$(date +%s.%N)
+            # UNISON_SIM_CFG unquoted on purpose: one word per setting.
             if ! timeout "$limit" smpirun -np "$n" -platform "$xml" -hostfile "$(hostfile "$platform" "$n")" \
                 --cfg=smpi/coll-selector:"$selector" --cfg=smpi/simulate-computation:no \
                 --cfg=smpi/test:1e-7 --cfg=smpi/iprobe:1e-7 --cfg=smpi/grow-injected-times:no \
                 --cfg=smpi/async-small-thresh:65536 --cfg=smpi/send-is-detached-thresh:65536 \
-                --log=root.thres:critical "$driver" "${args[@]}" >"$work/run.csv" 2>"$work/run.err"; then
+                --log=root.thres:critical ${UNISON_SIM_CFG:-} "$driver" "${args[@]}" >"$work/run.csv" 2>"$work/run.err"; then
                 echo "simulate.sh: $platform, $n ranks, $selector: failed or ran past ${limit}s" >&2
                 tail -5 "$work/run.err" >&2
                 exit 1

@@ -42,6 +42,7 @@ sums each message's own cost along the critical path):
     recursive doubling  log2(P) (a + m/b)                  + f 2 (a + m/b)
     Rabenseifner        2 log2(P) a + 2 (P-1)/P m/b        + f 2 (a + m/b)
     ring                2 (p-1) (a + m/(p b))
+    direct exchange     2 (a + (p-1)/p m/b)    (3 to 8 ranks: p - 1 messages at once)
 
 and a reduce-scatter or all-gather (recursive halving or doubling: unison's own
 reduce-scatter over several nodes and all-gather below 64 KiB, MPI's at scale
@@ -147,6 +148,8 @@ TUNING = {
     "few_nodes_two_level_min_bytes": 2 * KIB,
     "many_nodes_two_level_min_bytes": 1 * KIB,
     "two_level_max_bytes": 32 * KIB,
+    "direct_max_ranks": 8,
+    "direct_min_bytes": 64 * KIB,
 }
 
 # Ranks per node on each simulated platform (bench/simulation/platforms/).
@@ -180,6 +183,9 @@ def tuned(t, m, p, node_ranks=1):
     """The algorithm mpi_tuning::all_reduce picks (its rules, in Python), over p
     ranks of which at most node_ranks share a node."""
     one_node = node_ranks >= p
+    if m >= t["direct_min_bytes"] and p <= t["direct_max_ranks"] and (
+            p > t["node_ring_max_ranks"] if one_node else node_ranks <= 1 and p >= 3):
+        return "rank_ordered"  # the direct exchange
     flat = tuned_by_size(t, m, p, one_node)
     if one_node or node_ranks <= 1:
         return flat
@@ -259,6 +265,9 @@ def all_reduce_terms(algo, m, p, net):
         return out
     if algo == "ring":
         return add(zero, net.terms(m / p), 2 * (p - 1))
+    if algo == "rank_ordered":  # the direct exchange: two steps of p - 1 messages of
+        ne, be, nr, br = net.terms(m / p)  # m / p, side by side on one link
+        return add(zero, (ne, be * (p - 1), nr, br * (p - 1)), 2)
     raise ValueError(algo)
 
 

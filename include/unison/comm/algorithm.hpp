@@ -34,9 +34,10 @@ enum class algorithm : unsigned char {
     ring,         ///< reduce-scatter and all-gather around a ring: 2 (n-1) (a + m b / n)
     native,       ///< the underlying library's own call (MPI_Iallreduce), after the checks
     /// every rank's block sent to the rank that owns it, folded there in rank order,
-    /// then all-gathered: 2 (n-1) messages posted at once, 2 (n-1) (a + m b / n) at
-    /// worst. The all-reduce of comm_options::deterministic: the same bits whatever
-    /// the size, the bucketing or the backend.
+    /// then all-gathered: 2 (n-1) messages posted at once, 2 (a + m b (n-1)/n) where
+    /// the network carries them side by side, 2 (n-1) (a + m b / n) at worst. The
+    /// all-reduce of comm_options::deterministic: the same bits whatever the size,
+    /// the bucketing or the backend; the MPI tuning's for larger buffers on few ranks.
     rank_ordered,
 };
 

@@ -28,11 +28,14 @@
 ///   beyond one chunk and no fold, for large buffers on two or three ranks of one
 ///   node and on rank counts that are not a power of two;
 /// - native: after the check, MPI's own MPI_Iallreduce;
-/// - rank_ordered (rank_ordered.hpp): after the check, each block reduced by its
-///   owner in rank order, then all-gathered; never picked by size, it is what
-///   comm_options::deterministic runs (and its reduce and reduce_scatter too), and
-///   the reduce_scatter's for larger buffers on one node (mpi_tuning::reduce_scatter,
-///   which runs the first half of Rabenseifner's, recursive halving, for the rest).
+/// - rank_ordered (rank_ordered.hpp): after the check, the direct exchange: each
+///   block straight to its owner, reduced there in rank order, then straight to
+///   every rank: two exchanges of n - 1 messages posted at once. What
+///   comm_options::deterministic runs (and its reduce and reduce_scatter too); the
+///   all-reduce for larger buffers on 3 to 8 ranks (a rank per node, or 4 to 8 on
+///   one node), and the reduce_scatter for larger buffers on one node
+///   (mpi_tuning::reduce_scatter, which runs the first half of Rabenseifner's,
+///   recursive halving, for the rest).
 
 #include "unison/comm/algorithm.hpp"
 #include "unison/comm/options.hpp"
@@ -305,10 +308,55 @@ constexpr std::size_t two_level_min_bytes(int nodes) noexcept {
                         : many_nodes_two_level_min_bytes;
 }
 
+// ---- The direct exchange (rank_ordered.hpp), for speed: after the check, n - 1
+// messages of m / n bytes from every rank to every other, twice: the ring's bytes
+// in two steps instead of 2 (n - 1), or Rabenseifner's 2 log2(n) with twice the
+// bytes. Measured in simulation (docs/measurements.md, "All-reduce at scale", "The
+// direct exchange"; 2 to 16 ranks, 1 KiB to 16 MiB by factors of 2). Over MPI's
+// best from 64 KiB: with a rank per node, at 3, 4 and 8 ranks, 0.47-1.04x on the
+// flat cluster and 0.46-0.99x on the fat tree, where the tuning's choice before it
+// was 0.49-1.24x and 0.47-1.17x; on one node of 4 or 8 ranks 0.17-0.88x, against
+// recursive doubling's and Rabenseifner's 0.79-1.09x. Below 64 KiB its n - 1
+// messages cost more than they save (1.03-1.25x at 16 KiB on 4 ranks, where
+// recursive doubling was 0.70-0.82x). Over nodes of several ranks every rank's
+// messages to another node cross that node's one NIC side by side (2.8-6.3x on two
+// nodes of 8), so it runs only with a rank per node or on one node.
+//
+// Its 2 (n - 1) messages per rank are posted at once, and SMPI charges nothing for
+// posting a message. With 0.5 us for each send and receive (smpi/os, ois, or) it
+// still led at 4 and 8 ranks from 64 KiB (0.57-1.07x, the choice before it
+// 0.67-1.15x), but no longer everywhere at 16 ranks (1.21x at 64 KiB on the fat
+// tree); and the many-to-one traffic of more ranks, which the simulation does not
+// price, is what real MPIs avoid it for. So it runs up to 8 ranks. On two ranks it
+// is the ring's two steps (1.01-1.94x across nodes, recursive doubling 0.61-1.14x);
+// two or three ranks of one node keep the ring, measured for real
+// (node_ring_max_ranks).
+
+/// Up to this many ranks, with a rank per node or all on one node ...
+inline constexpr int direct_max_ranks = 8;
+/// ... from this many bytes, the direct exchange.
+inline constexpr std::size_t direct_min_bytes = 64 * 1024;
+
+static_assert(direct_max_ranks > node_ring_max_ranks,
+              "on one node the direct exchange takes over where the ring leaves off");
+
+/// Whether an all-reduce of `bytes` over `ranks` ranks, at most `node_ranks` of
+/// them on one node, takes the direct exchange.
+constexpr bool direct_all_reduce(std::size_t bytes, int ranks, int node_ranks) noexcept {
+    const bool one_node = node_ranks >= ranks;
+    if (bytes < direct_min_bytes || ranks > direct_max_ranks) {
+        return false;
+    }
+    return one_node ? ranks > node_ring_max_ranks : node_ranks <= 1 && ranks >= 3;
+}
+
 /// The algorithm that carries an all-reduce of `bytes` over `ranks` ranks when
 /// none is forced; `node_ranks` is the most ranks one node holds (`ranks` when
 /// every rank shares memory with every other, 1 with one rank per node).
 constexpr algorithm all_reduce(std::size_t bytes, int ranks, int node_ranks) noexcept {
+    if (direct_all_reduce(bytes, ranks, node_ranks)) {
+        return algorithm::rank_ordered;
+    }
     const bool one_node = node_ranks >= ranks;
     const algorithm flat = all_reduce_by_size(bytes, ranks, one_node);
     if (one_node || node_ranks <= 1 ||
