@@ -183,8 +183,7 @@ def tuned(t, m, p, node_ranks=1):
     """The algorithm mpi_tuning::all_reduce picks (its rules, in Python), over p
     ranks of which at most node_ranks share a node."""
     one_node = node_ranks >= p
-    if m >= t["direct_min_bytes"] and p <= t["direct_max_ranks"] and (
-            p > t["node_ring_max_ranks"] if one_node else node_ranks <= 1 and p >= 3):
+    if node_ranks <= 1 and 3 <= p <= t["direct_max_ranks"] and m >= t["direct_min_bytes"]:
         return "rank_ordered"  # the direct exchange
     flat = tuned_by_size(t, m, p, one_node)
     if one_node or node_ranks <= 1:

@@ -331,7 +331,11 @@ TEST_CASE("mpi all-reduce: two_level over nodes of 1, 2 and 3 ranks gives the se
             const bool tuned_two_level = per > 1 && per < n;
             CHECK((comm.all_reduce_algorithm(16384) == unison::algorithm::two_level) ==
                   (tuned_two_level || (a == unison::algorithm::two_level && n > 1)));
-            check_algorithm<float>(comm);
+            if (a == unison::algorithm::automatic) { // the direct exchange: a rank per node
+                CHECK((comm.all_reduce_algorithm(1 << 20) == unison::algorithm::rank_ordered) ==
+                      (per == 1 && n >= 3 && n <= unison::mpi_tuning::direct_max_ranks));
+            }
+            check_algorithm<float>(comm); // 70001 elements: the direct exchange's sizes
             // A split keeps its parent's nodes: the even ranks, in nodes by the parent's.
             auto half = comm.split(comm.rank() % 2, comm.rank());
             check_algorithm<double>(half);

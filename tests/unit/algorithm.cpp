@@ -89,29 +89,27 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
     CHECK(all_reduce(node_ring_min_bytes - 1, 2, 2) == algorithm::recursive_doubling);
     CHECK(all_reduce(node_ring_min_bytes, 2, 2) == algorithm::ring);
     CHECK(all_reduce(std::size_t{1} << 32, 3, 3) == algorithm::ring);
-    CHECK(all_reduce(node_rabenseifner_min_bytes, 16, 16) == algorithm::rabenseifner);
+    CHECK(all_reduce(node_rabenseifner_min_bytes - 1, 8, 8) == algorithm::recursive_doubling);
+    CHECK(all_reduce(node_rabenseifner_min_bytes, 8, 8) == algorithm::rabenseifner);
     CHECK(all_reduce(std::size_t{1} << 32, 2, 1) == algorithm::recursive_doubling);
     CHECK(all_reduce(rabenseifner_min_bytes(64, false) - 1, 64, 1) ==
           algorithm::recursive_doubling);
     CHECK(all_reduce(rabenseifner_min_bytes(64, false), 64, 1) == algorithm::rabenseifner);
     CHECK(all_reduce(std::size_t{1} << 32, 64, 1) == algorithm::rabenseifner);
-    // The direct exchange: 3 to 8 ranks with a rank per node, 4 to 8 on one node,
-    // from direct_min_bytes; not over nodes of several ranks, nor past 8 ranks.
+    // The direct exchange: 3 to 8 ranks with a rank per node, from direct_min_bytes;
+    // not on one node, not over nodes of several ranks, not past 8 ranks.
     for (int ranks = 2; ranks <= 16; ++ranks) {
         CAPTURE(ranks);
-        const bool few = ranks <= direct_max_ranks;
         CHECK((all_reduce(direct_min_bytes, ranks, 1) == algorithm::rank_ordered) ==
-              (few && ranks >= 3));
-        CHECK((all_reduce(std::size_t{1} << 32, ranks, ranks) == algorithm::rank_ordered) ==
-              (few && ranks > node_ring_max_ranks));
+              (ranks >= 3 && ranks <= direct_max_ranks));
+        CHECK(all_reduce(std::size_t{1} << 32, ranks, ranks) != algorithm::rank_ordered);
         CHECK(all_reduce(direct_min_bytes - 1, ranks, 1) != algorithm::rank_ordered);
-        CHECK(all_reduce(direct_min_bytes - 1, ranks, ranks) != algorithm::rank_ordered);
         if (ranks >= 4) {
             CHECK(all_reduce(std::size_t{1} << 24, ranks, 2) != algorithm::rank_ordered);
         }
     }
-    CHECK(all_reduce(direct_min_bytes - 1, 8, 8) == algorithm::recursive_doubling);
     CHECK(all_reduce(direct_min_bytes - 1, 8, 1) == algorithm::rabenseifner);
+    CHECK(all_reduce(direct_min_bytes - 1, 4, 1) == algorithm::recursive_doubling);
     // By size alone (what a node layout the direct exchange does not take runs).
     CHECK(all_reduce_by_size(odd_few_ring_min_bytes - 1, 3, false) ==
           algorithm::recursive_doubling);
@@ -165,11 +163,11 @@ TEST_CASE("deterministic: UNISON_DETERMINISTIC turns it on, and MPI then runs ra
     CHECK(unison::mpi_forced_algorithm(o) == algorithm::rank_ordered);
     o.all_reduce_algorithm = algorithm::rank_ordered;
     CHECK(unison::mpi_forced_algorithm(o) == algorithm::rank_ordered);
-    // Past direct_max_ranks the tuning never picks rank_ordered by itself: there it
-    // is the option's, not a size's.
+    // Past direct_max_ranks, and on one node, the tuning never picks rank_ordered by
+    // itself: there it is the option's, not a size's.
     for (std::size_t bytes = 1; bytes <= (std::size_t{1} << 32); bytes *= 4) {
         CHECK(unison::mpi_tuning::all_reduce(bytes, 16, 1) != algorithm::rank_ordered);
-        CHECK(unison::mpi_tuning::all_reduce(bytes, 16, 16) != algorithm::rank_ordered);
+        CHECK(unison::mpi_tuning::all_reduce(bytes, 8, 8) != algorithm::rank_ordered);
     }
     for (algorithm other : {algorithm::recursive_doubling, algorithm::rabenseifner, algorithm::ring,
                             algorithm::native}) {

@@ -10,8 +10,8 @@
 /// comm_options::all_reduce_algorithm): recursive doubling inside the handshake for
 /// small buffers, Rabenseifner's with the check riding its first steps, a ring
 /// (Open MPI 4.1's MPI_Iallreduce is markedly slower than its blocking MPI_Allreduce
-/// at a megabyte and up; the ring matches the latter), or on 3 to 8 ranks the
-/// direct exchange (mpi/detail/rank_ordered.hpp); `native` runs MPI_Iallreduce.
+/// at a megabyte and up; the ring matches the latter), or on 3 to 8 nodes of a rank
+/// each the direct exchange (mpi/detail/rank_ordered.hpp); `native` runs MPI_Iallreduce.
 /// With comm_options::deterministic, all_reduce, reduce and reduce_scatter run the
 /// rank-ordered schedule at every size instead; a reduce_scatter on one node runs it
 /// anyway (faster than Open MPI's own there).

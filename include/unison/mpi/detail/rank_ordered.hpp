@@ -3,7 +3,7 @@
 /// \file
 /// The MPI backend's deterministic reductions (comm_options::deterministic, or the
 /// all-reduce algorithm `rank_ordered`, which mpi/tuning.hpp also picks for larger
-/// buffers on 3 to 8 ranks, for its two steps): every element is reduced by the one rank
+/// buffers on 3 to 8 nodes of a rank each, for its two steps): every element is reduced by the one rank
 /// that owns its block, from every rank's own input, folded in rank order
 /// ((x0 op x1) op x2 ...) in the accumulate type and rounded once (host_reduce, the
 /// thread backend's arithmetic). Which rank owns a block, how large the call is,
