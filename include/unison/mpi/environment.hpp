@@ -140,8 +140,8 @@ private:
         std::fflush(stderr);
         // The line above is the only account of why the job ended, and it is in a
         // pipe to the launcher. MPICH's Hydra can act on the abort before it has
-        // forwarded that pipe and then drops it (seen on a loaded machine: exit
-        // status 75 and no line from any rank), as other launchers have done. So
+        // forwarded that pipe and then drops it (seen once in CI: exit status 75
+        // and no line from any rank), as other launchers have done. So
         // give the launcher a moment to forward it first.
         std::this_thread::sleep_for(abort_output_grace);
         MPI_Abort(MPI_COMM_WORLD, abort_exit_code);
