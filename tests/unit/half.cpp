@@ -480,7 +480,7 @@ void check_blocks(const std::vector<float>& floats, mismatch_log& widen, mismatc
 }
 
 std::string block_path() {
-#if UNISON_HOST_F16C
+#if UNISON_HOST_X86_DISPATCH
     return unison::detail::host_has_f16c() ? "AVX2 + F16C" : "element loop (no AVX2/F16C)";
 #else
     return "element loop (vector paths not compiled)";

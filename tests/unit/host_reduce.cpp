@@ -1,14 +1,16 @@
 // The host reduction (core/detail/host_reduce.hpp) against an element-by-element
 // reference written here. The 16-bit types (half_block.hpp's AVX2/F16C loops where
 // the CPU has them): widen every input with the element conversion, combine in float
-// in rank order, divide, round once. float and double (SSE2 loops on x86-64): combine
-// in the type itself, in rank order too, whichever input is the output (what
-// comm_options::deterministic relies on). Bit for bit (any NaN for any NaN in float and double, whose
-// payloads MPI and CUDA do not pin either), on random data with NaN, infinities,
-// signed zeros and subnormals planted, for every operation, 1-5 inputs, 1-3 outputs,
-// in and out of place, streaming or not, and block and vector-tail lengths. uint32
-// and uint64: the same on values of the whole range (sums and products wrap), and a
-// few cases written out (wrapping, unsigned order, values a double cannot hold).
+// in rank order, divide, round once. float and double (AVX2 loops where the CPU has
+// them, SSE2 loops on other x86-64 CPUs, both tested here): combine in the type
+// itself, in rank order too, whichever input is the output (what
+// comm_options::deterministic relies on). Bit for bit (any NaN for any NaN in float
+// and double, whose payloads MPI and CUDA do not pin either), on random data with
+// NaN, infinities, signed zeros and subnormals planted, for every operation, 1-5
+// inputs, 1-3 outputs, in and out of place, streaming or not, and block and
+// vector-tail lengths. uint32 and uint64: the same on values of the whole range
+// (sums and products wrap), and a few cases written out (wrapping, unsigned order,
+// values a double cannot hold).
 
 #include "unison/core/detail/host_reduce.hpp"
 
@@ -239,6 +241,23 @@ TEST_CASE("host_reduce: float equals the element-by-element reduction bit for bi
 TEST_CASE("host_reduce: double equals the element-by-element reduction bit for bit") {
     check_reductions<double>("double");
 }
+
+#if UNISON_HOST_X86_DISPATCH
+// The cases above ran the AVX2 loops where the CPU has AVX2; these run the SSE2
+// loops, which every other x86-64 CPU takes.
+TEST_CASE("host_reduce: float and double on the SSE2 loop equal the element-by-element "
+          "reduction bit for bit") {
+    struct restore {
+        bool was = unison::detail::host_use_avx2;
+        ~restore() { unison::detail::host_use_avx2 = was; }
+    } guard;
+    const std::string has = unison::detail::host_cpu_has_avx2() ? "yes" : "no";
+    MESSAGE("the CPU has AVX2: ", has);
+    unison::detail::host_use_avx2 = false;
+    check_reductions<float>("float (SSE2)");
+    check_reductions<double>("double (SSE2)");
+}
+#endif
 
 TEST_CASE("host_reduce: uint32 and uint64 equal the element-by-element reduction") {
     check_reductions<std::uint32_t>("uint32");

@@ -16,14 +16,15 @@
 #include <cstdint>
 #include <type_traits>
 
-// The vector paths need GCC or Clang on x86-64 (function-level target attributes
-// and __builtin_cpu_supports; nvcc's host pass takes them as well), so every
+// The vector paths (here, and host_reduce.hpp's AVX2 loops for float and double)
+// need GCC or Clang on x86-64 (function-level target attributes and
+// __builtin_cpu_supports; nvcc's host pass takes them as well), so every
 // translation unit of a program compiles the same functions.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define UNISON_HOST_F16C 1
+#define UNISON_HOST_X86_DISPATCH 1
 #include <immintrin.h>
 #else
-#define UNISON_HOST_F16C 0
+#define UNISON_HOST_X86_DISPATCH 0
 #endif
 
 namespace unison::detail {
@@ -65,7 +66,7 @@ void reduce_elements(const void* const* in, int n, std::size_t base, std::size_t
     }
 }
 
-#if UNISON_HOST_F16C
+#if UNISON_HOST_X86_DISPATCH
 
 /// Whether this CPU runs the AVX2 + F16C paths (asked once).
 inline bool host_has_f16c() noexcept {
@@ -205,12 +206,12 @@ __attribute__((target("avx2,f16c"))) void reduce_f16c(const void* const* in, int
     reduce_elements<Op>(in, n, base, vector_end, len, divisor, out);
 }
 
-#endif // UNISON_HOST_F16C
+#endif // UNISON_HOST_X86_DISPATCH
 
 /// out[i] = float(in[i]) for i < n (T: half or bf16).
 template <class T>
 void widen_block(const T* in, float* out, std::size_t n) noexcept {
-#if UNISON_HOST_F16C
+#if UNISON_HOST_X86_DISPATCH
     if (host_has_f16c()) {
         return widen_f16c(in, out, n);
     }
@@ -223,7 +224,7 @@ void widen_block(const T* in, float* out, std::size_t n) noexcept {
 /// out[i] = T(in[i]), rounded to nearest even, for i < n (T: half or bf16).
 template <class T>
 void narrow_block(const float* in, T* out, std::size_t n) noexcept {
-#if UNISON_HOST_F16C
+#if UNISON_HOST_X86_DISPATCH
     if (host_has_f16c()) {
         return narrow_f16c(in, out, n);
     }
@@ -239,7 +240,7 @@ void narrow_block(const float* in, T* out, std::size_t n) noexcept {
 template <reduce_op Op, class T>
 void reduce_block(const void* const* in, int n, std::size_t base, std::size_t len, int divisor,
                   T* out) noexcept {
-#if UNISON_HOST_F16C
+#if UNISON_HOST_X86_DISPATCH
     if (host_has_f16c()) {
         return reduce_f16c<Op>(in, n, base, len, divisor, out);
     }
