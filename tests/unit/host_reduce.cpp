@@ -1,9 +1,9 @@
 // The host reduction (core/detail/host_reduce.hpp) against an element-by-element
 // reference written here. The 16-bit types (half_block.hpp's AVX2/F16C loops where
 // the CPU has them): widen every input with the element conversion, combine in float
-// in rank order, divide, round once. float and double (AVX2 loops where the CPU has
-// them, SSE2 loops on other x86-64 CPUs, both tested here): combine in the type
-// itself, in rank order too, whichever input is the output (what
+// in rank order, divide, round once. float and double (AVX-512, AVX2 or SSE2 loops
+// on x86-64, the widest the CPU has; each tested here): combine in the type itself,
+// in rank order too, whichever input is the output (what
 // comm_options::deterministic relies on). Bit for bit (any NaN for any NaN in float
 // and double, whose payloads MPI and CUDA do not pin either), on random data with
 // NaN, infinities, signed zeros and subnormals planted, for every operation, 1-5
@@ -24,6 +24,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -243,19 +244,28 @@ TEST_CASE("host_reduce: double equals the element-by-element reduction bit for b
 }
 
 #if UNISON_HOST_X86_DISPATCH
-// The cases above ran the AVX2 loops where the CPU has AVX2; these run the SSE2
-// loops, which every other x86-64 CPU takes.
-TEST_CASE("host_reduce: float and double on the SSE2 loop equal the element-by-element "
-          "reduction bit for bit") {
+// The cases above ran the widest loops this CPU has (AVX-512 or AVX2); these run
+// each narrower one, which other x86-64 CPUs take.
+TEST_CASE("host_reduce: float and double on every narrower vector loop equal the "
+          "element-by-element reduction bit for bit") {
+    using unison::detail::host_vectors;
     struct restore {
-        bool was = unison::detail::host_use_avx2;
-        ~restore() { unison::detail::host_use_avx2 = was; }
+        host_vectors was = unison::detail::host_reduce_vectors;
+        ~restore() { unison::detail::host_reduce_vectors = was; }
     } guard;
-    const std::string has = unison::detail::host_cpu_has_avx2() ? "yes" : "no";
-    MESSAGE("the CPU has AVX2: ", has);
-    unison::detail::host_use_avx2 = false;
-    check_reductions<float>("float (SSE2)");
-    check_reductions<double>("double (SSE2)");
+    const host_vectors widest = unison::detail::host_cpu_vectors();
+    const std::string name = widest == host_vectors::avx512 ? "AVX-512"
+                             : widest == host_vectors::avx2 ? "AVX2"
+                                                            : "SSE2";
+    MESSAGE("the widest vectors this CPU has: ", name);
+    for (const auto& [level, label] :
+         {std::pair{host_vectors::sse2, "SSE2"}, std::pair{host_vectors::avx2, "AVX2"}}) {
+        if (level < widest) {
+            unison::detail::host_reduce_vectors = level;
+            check_reductions<float>((std::string("float, ") + label).c_str());
+            check_reductions<double>((std::string("double, ") + label).c_str());
+        }
+    }
 }
 #endif
 

@@ -150,21 +150,30 @@ struct sse2_lanes<double> {
 };
 
 #if UNISON_HOST_X86_DISPATCH
-/// Whether this CPU has AVX2 (a header-only library cannot assume its consumer's
+/// The widest vectors combine_elements runs float and double on.
+enum class host_vectors : unsigned char { sse2, avx2, avx512 };
+
+/// The widest this CPU has (a header-only library cannot assume its consumer's
 /// -march). Safe in static initializers, which may run before libgcc's own.
-inline bool host_cpu_has_avx2() noexcept {
+inline host_vectors host_cpu_vectors() noexcept {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2");
+    return __builtin_cpu_supports("avx512f") ? host_vectors::avx512
+           : __builtin_cpu_supports("avx2")  ? host_vectors::avx2
+                                             : host_vectors::sse2;
 }
 
-/// Whether combine_elements takes the AVX2 loop below: where the CPU has AVX2. The
-/// tests turn it off to check the SSE2 loop on such CPUs too.
-inline bool host_use_avx2 = host_cpu_has_avx2();
+/// What combine_elements runs on: the widest the CPU has. The tests narrow it to
+/// check every narrower loop on the same CPU.
+inline host_vectors host_reduce_vectors = host_cpu_vectors();
 
-/// AVX2 lanes of float and double, each functor as sse2_lanes computes it (the same
-/// IEEE operation per lane, so the same bits).
+// AVX2 and AVX-512 lanes of float and double, each functor as sse2_lanes computes
+// it: the same IEEE operation per lane, so the same bits at every width. (AVX-512's
+// min and max take their every-lane masked form: GCC 12's plain form warns that its
+// unused pass-through operand is uninitialized.)
 template <class T>
 struct avx2_lanes;
+template <class T>
+struct avx512_lanes;
 template <>
 struct avx2_lanes<float> {
     using vec = __m256;
@@ -211,11 +220,57 @@ struct avx2_lanes<double> {
         return _mm256_max_pd(b, a);
     }
 };
+template <>
+struct avx512_lanes<float> {
+    using vec = __m512;
+    static constexpr std::size_t width = 16;
+    __attribute__((target("avx512f"))) static vec load(const float* p) noexcept {
+        return _mm512_loadu_ps(p);
+    }
+    __attribute__((target("avx512f"))) static void store(float* p, vec v) noexcept {
+        _mm512_storeu_ps(p, v);
+    }
+    __attribute__((target("avx512f"))) static vec apply(sum_fn, vec a, vec b) noexcept {
+        return _mm512_add_ps(a, b);
+    }
+    __attribute__((target("avx512f"))) static vec apply(prod_fn, vec a, vec b) noexcept {
+        return _mm512_mul_ps(a, b);
+    }
+    __attribute__((target("avx512f"))) static vec apply(min_fn, vec a, vec b) noexcept {
+        return _mm512_mask_min_ps(b, 0xffff, b, a);
+    }
+    __attribute__((target("avx512f"))) static vec apply(max_fn, vec a, vec b) noexcept {
+        return _mm512_mask_max_ps(b, 0xffff, b, a);
+    }
+};
+template <>
+struct avx512_lanes<double> {
+    using vec = __m512d;
+    static constexpr std::size_t width = 8;
+    __attribute__((target("avx512f"))) static vec load(const double* p) noexcept {
+        return _mm512_loadu_pd(p);
+    }
+    __attribute__((target("avx512f"))) static void store(double* p, vec v) noexcept {
+        _mm512_storeu_pd(p, v);
+    }
+    __attribute__((target("avx512f"))) static vec apply(sum_fn, vec a, vec b) noexcept {
+        return _mm512_add_pd(a, b);
+    }
+    __attribute__((target("avx512f"))) static vec apply(prod_fn, vec a, vec b) noexcept {
+        return _mm512_mul_pd(a, b);
+    }
+    __attribute__((target("avx512f"))) static vec apply(min_fn, vec a, vec b) noexcept {
+        return _mm512_mask_min_pd(b, 0xff, b, a);
+    }
+    __attribute__((target("avx512f"))) static vec apply(max_fn, vec a, vec b) noexcept {
+        return _mm512_mask_max_pd(b, 0xff, b, a);
+    }
+};
 
-/// combine_elements on AVX2: the vectors of the loop below, twice as wide. Open
-/// MPI's own reductions run this wide (its op/avx component), and with SSE2 the
-/// in-place ring's reduction took 1.2-1.3x as long (docs/measurements.md, "The
-/// reduction loop").
+/// combine_elements on AVX2 and on AVX-512: the loop below on wider vectors. Open
+/// MPI's own reductions run as wide as the CPU allows (its op/avx component); on
+/// SSE2 alone the in-place ring's reduction took 1.2-1.3x as long
+/// (docs/measurements.md, "The reduction loop").
 template <class T, class Fn>
 __attribute__((target("avx2"))) void combine_avx2(Fn fn, const T* a, const T* b, T* o,
                                                   std::size_t len) noexcept {
@@ -235,9 +290,28 @@ __attribute__((target("avx2"))) void combine_avx2(Fn fn, const T* a, const T* b,
         o[i] = fn(a[i], b[i]);
     }
 }
+template <class T, class Fn>
+__attribute__((target("avx512f"))) void combine_avx512(Fn fn, const T* a, const T* b, T* o,
+                                                       std::size_t len) noexcept {
+    using L = avx512_lanes<T>;
+    constexpr std::size_t w = L::width;
+    std::size_t i = 0;
+    for (; i + 4 * w <= len; i += 4 * w) {
+        L::store(o + i, L::apply(fn, L::load(a + i), L::load(b + i)));
+        L::store(o + i + w, L::apply(fn, L::load(a + i + w), L::load(b + i + w)));
+        L::store(o + i + 2 * w, L::apply(fn, L::load(a + i + 2 * w), L::load(b + i + 2 * w)));
+        L::store(o + i + 3 * w, L::apply(fn, L::load(a + i + 3 * w), L::load(b + i + 3 * w)));
+    }
+    for (; i + w <= len; i += w) {
+        L::store(o + i, L::apply(fn, L::load(a + i), L::load(b + i)));
+    }
+    for (; i < len; ++i) {
+        o[i] = fn(a[i], b[i]);
+    }
+}
 #endif
 
-/// Four vectors per iteration, each stored right after its own two loads, so `o`
+/// The SSE2 loop: four vectors per iteration, each stored right after its own two loads, so `o`
 /// aliasing `a` or `b` element for element reads every input before writing it.
 /// Grouping the four stores after all eight loads (the first form of this loop)
 /// measured 1.6x slower out of place in cache and 2.8x slower in place on lines
@@ -248,7 +322,11 @@ template <class T, class Fn>
 requires std::is_same_v<T, float> || std::is_same_v<T, double>
 void combine_elements(Fn fn, const T* a, const T* b, T* o, std::size_t len) noexcept {
 #if UNISON_HOST_X86_DISPATCH
-    if (host_use_avx2) {
+    if (host_reduce_vectors == host_vectors::avx512) {
+        combine_avx512(fn, a, b, o, len);
+        return;
+    }
+    if (host_reduce_vectors == host_vectors::avx2) {
         combine_avx2(fn, a, b, o, len);
         return;
     }
