@@ -135,6 +135,8 @@ KIB = 1024
 TUNING = {
     "node_ring_max_ranks": 3,
     "node_ring_min_bytes": 64 * KIB,
+    "node_large_ring_max_ranks": 4,
+    "node_large_ring_min_bytes": 8 * MIB,
     "node_rabenseifner_min_bytes": 128 * KIB,
     "few_ranks_rabenseifner_min_bytes": 2 * MIB,
     "some_ranks_rabenseifner_min_bytes": 16 * KIB,
@@ -203,6 +205,8 @@ def tuned_by_size(t, m, p, one_node):
         return "recursive_doubling"
     if one_node and p <= t["node_ring_max_ranks"]:
         return "recursive_doubling" if m < t["node_ring_min_bytes"] else "ring"
+    if one_node and p <= t["node_large_ring_max_ranks"] and m >= t["node_large_ring_min_bytes"]:
+        return "ring"
     if p & (p - 1):
         if p <= t["odd_some_ranks"]:
             ring_from = t["odd_few_ring_min_bytes"] if p <= 4 else t["odd_some_ring_min_bytes"]

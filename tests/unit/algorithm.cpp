@@ -91,6 +91,12 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
     CHECK(all_reduce(std::size_t{1} << 32, 3, 3) == algorithm::ring);
     CHECK(all_reduce(node_rabenseifner_min_bytes - 1, 8, 8) == algorithm::recursive_doubling);
     CHECK(all_reduce(node_rabenseifner_min_bytes, 8, 8) == algorithm::rabenseifner);
+    CHECK(all_reduce(std::size_t{1} << 32, 8, 8) == algorithm::rabenseifner);
+    // Four ranks on one node: Rabenseifner's, then the ring from its own size.
+    CHECK(all_reduce(node_rabenseifner_min_bytes, 4, 4) == algorithm::rabenseifner);
+    CHECK(all_reduce(node_large_ring_min_bytes - 1, 4, 4) == algorithm::rabenseifner);
+    CHECK(all_reduce(node_large_ring_min_bytes, 4, 4) == algorithm::ring);
+    CHECK(all_reduce(node_large_ring_min_bytes, 4, 2) != algorithm::ring); // nodes of 2
     CHECK(all_reduce(std::size_t{1} << 32, 2, 1) == algorithm::recursive_doubling);
     CHECK(all_reduce(rabenseifner_min_bytes(64, false) - 1, 64, 1) ==
           algorithm::recursive_doubling);

@@ -25,7 +25,7 @@
 ///   small buffers on one;
 /// - ring (ring_allreduce.hpp): after the check, 2 (n - 1) messages of 1/n of the
 ///   buffer each, sent straight from and into the caller's tensors: no scratch
-///   beyond one chunk and no fold, for large buffers on two or three ranks of one
+///   beyond one chunk and no fold, for large buffers on two to four ranks of one
 ///   node and on rank counts that are not a power of two;
 /// - native: after the check, MPI's own MPI_Iallreduce;
 /// - rank_ordered (rank_ordered.hpp): after the check, the direct exchange: each
@@ -65,6 +65,25 @@ namespace unison::mpi_tuning {
 inline constexpr int node_ring_max_ranks = 3;
 /// ... from this many bytes.
 inline constexpr std::size_t node_ring_min_bytes = 64 * 1024;
+
+// Measured for real at 4 processes of Open MPI 4.1 on one node (this machine's 2
+// cores, so oversubscribed: a rough check; docs/measurements.md, "At 4 real
+// processes"): from 8 MiB Rabenseifner's in-place call was 1.25-1.40x raw
+// MPI_Allreduce (its halves gather in scratch and reach the caller's buffer in a
+// copy of their own) where the ring, straight from and into the caller's buffer,
+// was 0.86-0.99x. Below that the two were within each other's noise. The
+// simulation, which charges a node's every message a network's latency factor,
+// has the ring 1.06x MPI's best at 8 MiB on a node of 4 and 1.03x at 16 MiB
+// (1.11x at 4 MiB). 8 ranks on a node were not measured for real (too many for 2
+// cores), so they keep Rabenseifner's.
+
+/// Up to this many ranks on one node ...
+inline constexpr int node_large_ring_max_ranks = 4;
+/// ... the ring from this many bytes.
+inline constexpr std::size_t node_large_ring_min_bytes = 8 * 1024 * 1024;
+static_assert(node_large_ring_max_ranks > node_ring_max_ranks &&
+                  node_large_ring_min_bytes > node_ring_min_bytes,
+              "the ring takes over from Rabenseifner on one node later with more ranks");
 
 // ---- Measured in simulation (bench/simulation/simulate.sh; docs/measurements.md,
 // "All-reduce at scale": a flat cluster, nodes of 8 ranks and a fat tree, links of
@@ -255,6 +274,9 @@ constexpr algorithm all_reduce_by_size(std::size_t bytes, int ranks, bool one_no
     }
     if (one_node && ranks <= node_ring_max_ranks) {
         return bytes < node_ring_min_bytes ? algorithm::recursive_doubling : algorithm::ring;
+    }
+    if (one_node && ranks <= node_large_ring_max_ranks && bytes >= node_large_ring_min_bytes) {
+        return algorithm::ring;
     }
     if (!std::has_single_bit(static_cast<unsigned>(ranks))) {
         if (ranks <= odd_some_ranks) {
