@@ -554,8 +554,8 @@ private:
         const char* say[4] = {
             "never connected", "connected but did not get here (slow, or stuck elsewhere)",
             "connected and then left (exited or crashed)",
-            "connected and was refused by the store: it was started for another WORLD_SIZE or "
-            "runs another unison version, and its own error says which"};
+            ("connected and was refused by the store: it was started for another WORLD_SIZE or "
+             "runs another unison version, and its own error says which")};
         std::string why;
         const int kinds =
             !groups[0].empty() + !groups[1].empty() + !groups[2].empty() + !groups[3].empty();

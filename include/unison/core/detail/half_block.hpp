@@ -22,6 +22,7 @@
 // translation unit of a program compiles the same functions.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define UNISON_HOST_X86_DISPATCH 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define UNISON_HOST_X86_DISPATCH 0
@@ -68,9 +69,16 @@ void reduce_elements(const void* const* in, int n, std::size_t base, std::size_t
 
 #if UNISON_HOST_X86_DISPATCH
 
-/// Whether this CPU runs the AVX2 + F16C paths (asked once).
+/// Whether this CPU runs the AVX2 + F16C paths (asked once). F16C is read from
+/// CPUID leaf 1 (ECX bit 29): Clang 14's __builtin_cpu_supports does not know the
+/// name "f16c" and refuses to compile it. Its instructions use the YMM state that
+/// "avx2" already says the OS saves.
 inline bool host_has_f16c() noexcept {
-    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    static const bool yes = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) != 0 &&
+               (c & (1u << 29)) != 0;
+    }();
     return yes;
 }
 
