@@ -68,14 +68,16 @@ inline constexpr std::size_t node_ring_min_bytes = 64 * 1024;
 
 // Measured for real at 4 processes of Open MPI 4.1 on one node (this machine's 2
 // cores, so oversubscribed: a rough check; docs/measurements.md, "At 4 real
-// processes"): from 8 MiB Rabenseifner's in-place call was 1.25-1.40x raw
-// MPI_Allreduce (its halves gather in scratch and reach the caller's buffer in a
-// copy of their own) where the ring, straight from and into the caller's buffer,
-// was 0.86-0.99x. Below that the two were within each other's noise. The
-// simulation, which charges a node's every message a network's latency factor,
-// has the ring 1.06x MPI's best at 8 MiB on a node of 4 and 1.03x at 16 MiB
-// (1.11x at 4 MiB). 8 ranks on a node were not measured for real (too many for 2
-// cores), so they keep Rabenseifner's.
+// processes"): at 8 and 16 MiB Rabenseifner's in-place call was 1.25-1.40x raw
+// MPI_Allreduce in single runs (its halves gather in scratch and reach the
+// caller's buffer in a copy of their own) where the ring, straight from and into
+// the caller's buffer, was 0.86-0.99x. At 1-4 MiB the ring's runs spread too
+// widely (0.87-1.16x) to choose. The simulation, which charges a node's every
+// message a network's latency factor, prefers Rabenseifner's on a node of 4 at
+// every size but by less from 8 MiB: the ring 1.06x MPI's best at 8 MiB and 1.03x
+// at 16 MiB, Rabenseifner's 1.01x at both (at 4 MiB 1.11x against 1.03x). 8 ranks
+// on a node were not measured for real (too many for 2 cores), so they keep
+// Rabenseifner's.
 
 /// Up to this many ranks on one node ...
 inline constexpr int node_large_ring_max_ranks = 4;
@@ -94,6 +96,8 @@ static_assert(node_large_ring_max_ranks > node_ring_max_ranks &&
 /// More ranks on one node than node_ring_max_ranks (the node's memory shared by
 /// all: nodes of 8 ranks, 4 and 8 of them).
 inline constexpr std::size_t node_rabenseifner_min_bytes = 128 * 1024;
+static_assert(node_large_ring_min_bytes > node_rabenseifner_min_bytes,
+              "on a node of 4, Rabenseifner's has sizes before the ring takes over");
 /// Several nodes, up to 4 ranks ...
 inline constexpr std::size_t few_ranks_rabenseifner_min_bytes = 2 * 1024 * 1024;
 /// ... up to 8 ...

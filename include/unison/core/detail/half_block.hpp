@@ -16,13 +16,14 @@
 #include <cstdint>
 #include <type_traits>
 
-// The vector paths (here, and host_reduce.hpp's AVX2 loops for float and double)
-// need GCC or Clang on x86-64 (function-level target attributes and
-// __builtin_cpu_supports; nvcc's host pass takes them as well), so every
-// translation unit of a program compiles the same functions.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// The vector paths (here, and host_reduce.hpp's AVX2 and AVX-512 loops for float
+// and double) need GCC or Clang on x86-64, not clang-cl (function-level target
+// attributes and __builtin_cpu_supports; nvcc's host pass takes them as well).
+// A target attribute adds to the translation unit's own -m flags, so build every
+// translation unit of a program with the same -m flags (or none): a copy of these
+// inline functions compiled under -march=native may be the one the linker keeps.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER)
 #define UNISON_HOST_X86_DISPATCH 1
-#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define UNISON_HOST_X86_DISPATCH 0
@@ -70,14 +71,17 @@ void reduce_elements(const void* const* in, int n, std::size_t base, std::size_t
 #if UNISON_HOST_X86_DISPATCH
 
 /// Whether this CPU runs the AVX2 + F16C paths (asked once). F16C is read from
-/// CPUID leaf 1 (ECX bit 29): Clang 14's __builtin_cpu_supports does not know the
-/// name "f16c" and refuses to compile it. Its instructions use the YMM state that
-/// "avx2" already says the OS saves.
+/// CPUID leaf 1 (ECX bit 29) by the instruction itself: Clang 14's
+/// __builtin_cpu_supports does not know the name "f16c" and refuses to compile it,
+/// and <cpuid.h> would define a __cpuid macro in every program that includes
+/// unison. F16C's instructions use the YMM state that "avx2" already says the OS
+/// saves.
 inline bool host_has_f16c() noexcept {
     static const bool yes = [] {
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) != 0 &&
-               (c & (1u << 29)) != 0;
+        __builtin_cpu_init();
+        unsigned r[4] = {1, 0, 0, 0}; // eax (the leaf), ebx, ecx (the subleaf), edx
+        __asm__("cpuid" : "+a"(r[0]), "=b"(r[1]), "+c"(r[2]), "=d"(r[3]));
+        return __builtin_cpu_supports("avx2") && (r[2] & (1u << 29)) != 0;
     }();
     return yes;
 }

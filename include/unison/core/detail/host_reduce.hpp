@@ -13,7 +13,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <type_traits>
 
 #if defined(__SSE2__)
@@ -110,7 +113,7 @@ inline void store_fence() noexcept {
 
 /// o[i] = fn(a[i], b[i]) for i < len; `o` may be `a` or `b` element for element.
 /// The element loop, which compilers vectorize at -O3 but not at -O2 (GCC 12: 4-6x
-/// slower there), so float and double take the SSE2 loop below on x86-64.
+/// slower there), so float and double take the vector loops below on x86-64.
 template <class T, class Fn>
 void combine_elements(Fn fn, const T* a, const T* b, T* o, std::size_t len) noexcept {
     for (std::size_t i = 0; i < len; ++i) {
@@ -162,14 +165,51 @@ inline host_vectors host_cpu_vectors() noexcept {
                                              : host_vectors::sse2;
 }
 
-/// What combine_elements runs on: the widest the CPU has. The tests narrow it to
+/// The widest the CPU has, narrowed by UNISON_HOST_VECTORS (sse2, avx2 or avx512)
+/// where it is set: 512-bit instructions lower the clock of some CPUs (Skylake-SP,
+/// Cascade Lake) for a while, and of the threads sharing the core with it. Read in
+/// a static initializer, where nothing can be thrown: a value that is none of the
+/// three is named on stderr and the CPU's widest is used.
+inline host_vectors host_vectors_from_env() noexcept {
+    const host_vectors widest = host_cpu_vectors();
+    const char* v = std::getenv("UNISON_HOST_VECTORS");
+    if (v == nullptr || *v == '\0') {
+        return widest;
+    }
+    const std::string_view name(v);
+    const host_vectors asked = name == "sse2"     ? host_vectors::sse2
+                               : name == "avx2"   ? host_vectors::avx2
+                               : name == "avx512" ? host_vectors::avx512
+                                                  : widest;
+    if (name != "sse2" && name != "avx2" && name != "avx512") {
+        std::fprintf(stderr,
+                     "unison: UNISON_HOST_VECTORS='%s' is none of sse2, avx2, avx512; the "
+                     "host reduction uses the widest this CPU has\n",
+                     v);
+    }
+    return asked < widest ? asked : widest;
+}
+
+/// What combine_elements runs on: host_vectors_from_env(). The tests narrow it to
 /// check every narrower loop on the same CPU.
-inline host_vectors host_reduce_vectors = host_cpu_vectors();
+inline host_vectors host_reduce_vectors = host_vectors_from_env();
+
+// The target of the AVX-512 loop: Clang 18 to 21 also want "evex512" (512-bit
+// registers) where the translation unit's -march names a CPU without AVX-512; the
+// others do not know the name.
+#if defined(__clang__) && !defined(__apple_build_version__) && __clang_major__ >= 18 &&            \
+    __clang_major__ <= 21
+#define UNISON_HOST_AVX512_TARGET "avx512f,evex512"
+#else
+#define UNISON_HOST_AVX512_TARGET "avx512f"
+#endif
 
 // AVX2 and AVX-512 lanes of float and double, each functor as sse2_lanes computes
-// it: the same IEEE operation per lane, so the same bits at every width. (AVX-512's
-// min and max take their every-lane masked form: GCC 12's plain form warns that its
-// unused pass-through operand is uninitialized.)
+// it: the same IEEE operation per lane, so the same bits at every width, but for
+// which NaN's payload a sum or product of two NaNs keeps (Clang swaps the operands
+// of SSE2's two-operand add and multiply; GCC gives the same bits there too).
+// (AVX-512's min and max take their every-lane masked form: GCC 12's plain form
+// warns that its unused pass-through operand is uninitialized.)
 template <class T>
 struct avx2_lanes;
 template <class T>
@@ -224,22 +264,26 @@ template <>
 struct avx512_lanes<float> {
     using vec = __m512;
     static constexpr std::size_t width = 16;
-    __attribute__((target("avx512f"))) static vec load(const float* p) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static vec load(const float* p) noexcept {
         return _mm512_loadu_ps(p);
     }
-    __attribute__((target("avx512f"))) static void store(float* p, vec v) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static void store(float* p, vec v) noexcept {
         _mm512_storeu_ps(p, v);
     }
-    __attribute__((target("avx512f"))) static vec apply(sum_fn, vec a, vec b) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static vec apply(sum_fn, vec a,
+                                                                        vec b) noexcept {
         return _mm512_add_ps(a, b);
     }
-    __attribute__((target("avx512f"))) static vec apply(prod_fn, vec a, vec b) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static vec apply(prod_fn, vec a,
+                                                                        vec b) noexcept {
         return _mm512_mul_ps(a, b);
     }
-    __attribute__((target("avx512f"))) static vec apply(min_fn, vec a, vec b) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static vec apply(min_fn, vec a,
+                                                                        vec b) noexcept {
         return _mm512_mask_min_ps(b, 0xffff, b, a);
     }
-    __attribute__((target("avx512f"))) static vec apply(max_fn, vec a, vec b) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static vec apply(max_fn, vec a,
+                                                                        vec b) noexcept {
         return _mm512_mask_max_ps(b, 0xffff, b, a);
     }
 };
@@ -247,29 +291,34 @@ template <>
 struct avx512_lanes<double> {
     using vec = __m512d;
     static constexpr std::size_t width = 8;
-    __attribute__((target("avx512f"))) static vec load(const double* p) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static vec load(const double* p) noexcept {
         return _mm512_loadu_pd(p);
     }
-    __attribute__((target("avx512f"))) static void store(double* p, vec v) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static void store(double* p,
+                                                                         vec v) noexcept {
         _mm512_storeu_pd(p, v);
     }
-    __attribute__((target("avx512f"))) static vec apply(sum_fn, vec a, vec b) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static vec apply(sum_fn, vec a,
+                                                                        vec b) noexcept {
         return _mm512_add_pd(a, b);
     }
-    __attribute__((target("avx512f"))) static vec apply(prod_fn, vec a, vec b) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static vec apply(prod_fn, vec a,
+                                                                        vec b) noexcept {
         return _mm512_mul_pd(a, b);
     }
-    __attribute__((target("avx512f"))) static vec apply(min_fn, vec a, vec b) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static vec apply(min_fn, vec a,
+                                                                        vec b) noexcept {
         return _mm512_mask_min_pd(b, 0xff, b, a);
     }
-    __attribute__((target("avx512f"))) static vec apply(max_fn, vec a, vec b) noexcept {
+    __attribute__((target(UNISON_HOST_AVX512_TARGET))) static vec apply(max_fn, vec a,
+                                                                        vec b) noexcept {
         return _mm512_mask_max_pd(b, 0xff, b, a);
     }
 };
 
 /// combine_elements on AVX2 and on AVX-512: the loop below on wider vectors. Open
 /// MPI's own reductions run as wide as the CPU allows (its op/avx component); on
-/// SSE2 alone the in-place ring's reduction took 1.2-1.3x as long
+/// SSE2 alone the in-place ring's reduction took 1.2-1.4x as long
 /// (docs/measurements.md, "The reduction loop").
 template <class T, class Fn>
 __attribute__((target("avx2"))) void combine_avx2(Fn fn, const T* a, const T* b, T* o,
@@ -291,8 +340,8 @@ __attribute__((target("avx2"))) void combine_avx2(Fn fn, const T* a, const T* b,
     }
 }
 template <class T, class Fn>
-__attribute__((target("avx512f"))) void combine_avx512(Fn fn, const T* a, const T* b, T* o,
-                                                       std::size_t len) noexcept {
+__attribute__((target(UNISON_HOST_AVX512_TARGET))) void
+combine_avx512(Fn fn, const T* a, const T* b, T* o, std::size_t len) noexcept {
     using L = avx512_lanes<T>;
     constexpr std::size_t w = L::width;
     std::size_t i = 0;
@@ -311,13 +360,13 @@ __attribute__((target("avx512f"))) void combine_avx512(Fn fn, const T* a, const 
 }
 #endif
 
-/// The SSE2 loop: four vectors per iteration, each stored right after its own two loads, so `o`
-/// aliasing `a` or `b` element for element reads every input before writing it.
-/// Grouping the four stores after all eight loads (the first form of this loop)
-/// measured 1.6x slower out of place in cache and 2.8x slower in place on lines
-/// that another core had just read: the MPI ring's in-place reduction, whose chunk
-/// the peer had copied out one step before (docs/measurements.md, "The reduction
-/// loop").
+/// The SSE2 loop: four vectors per iteration, each stored right after its own two
+/// loads, so `o` aliasing `a` or `b` element for element reads every input before
+/// writing it. Grouping the four stores after all eight loads (the first form of
+/// this loop) measured 1.7x slower out of place in cache and 2.4-3.2x slower in
+/// place on lines that another core had just read: the MPI ring's in-place
+/// reduction, whose chunk the peer had copied out one step before
+/// (docs/measurements.md, "The reduction loop").
 template <class T, class Fn>
 requires std::is_same_v<T, float> || std::is_same_v<T, double>
 void combine_elements(Fn fn, const T* a, const T* b, T* o, std::size_t len) noexcept {
@@ -349,7 +398,7 @@ void combine_elements(Fn fn, const T* a, const T* b, T* o, std::size_t len) noex
 }
 #endif
 
-/// o[i] /= d for i < len (average's last step), vectorized as combine_elements is.
+/// o[i] /= d for i < len (average's last step), on SSE2 lanes on x86-64.
 template <class T>
 void divide_elements(T* o, std::size_t len, int divisor) noexcept {
     const T d = static_cast<T>(divisor);
