@@ -177,11 +177,12 @@ inline host_vectors host_vectors_from_env() noexcept {
         return widest;
     }
     const std::string_view name(v);
-    const host_vectors asked = name == "sse2"     ? host_vectors::sse2
-                               : name == "avx2"   ? host_vectors::avx2
-                               : name == "avx512" ? host_vectors::avx512
-                                                  : widest;
-    if (name != "sse2" && name != "avx2" && name != "avx512") {
+    host_vectors asked = widest;
+    if (name == "sse2") {
+        asked = host_vectors::sse2;
+    } else if (name == "avx2") {
+        asked = host_vectors::avx2;
+    } else if (name != "avx512") {
         std::fprintf(stderr,
                      "unison: UNISON_HOST_VECTORS='%s' is none of sse2, avx2, avx512; the "
                      "host reduction uses the widest this CPU has\n",
