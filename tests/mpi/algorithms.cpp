@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -391,6 +393,93 @@ TEST_CASE("mpi communicator: ranks that disagree about ranks_per_node are refuse
     }
     CHECK(message.find("ranks_per_node") != std::string::npos);
     CHECK(message.find(rank == 0 ? "on rank 1" : "on rank 0") != std::string::npos);
+}
+
+TEST_CASE("mpi collectives: every algorithm, wherever the buffers sit in their cache lines") {
+    // The algorithms place their scratch at the offset within a cache line of the
+    // memory it receives (same_line_offset), so each buffer offset moves the scratch:
+    // inputs and outputs 0-15 floats past a 64-byte boundary, the same on every rank
+    // (as two ranks' allocators place alike) and, last, different on each.
+    struct placement {
+        std::size_t in, out;
+        bool per_rank;
+    };
+    const placement placements[] = {
+        {0, 0, false}, {1, 0, false}, {0, 5, false}, {15, 7, false}, {3, 11, true}};
+    std::uint64_t seed = 900;
+    const auto placed = [](std::vector<float>& backing, std::size_t count, std::size_t offset) {
+        backing.assign(count + 32, -7777.0f);
+        void* p = backing.data();
+        std::size_t room = backing.size() * sizeof(float);
+        REQUIRE(std::align(64, sizeof(float), p, room) != nullptr);
+        return std::span<float>(static_cast<float*>(p) + offset, count);
+    };
+    const auto check = [&](std::span<const float> got, std::size_t first, int ranks) {
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            wrong += static_cast<double>(got[i]) !=
+                     reference(unison::reduce_op::sum, ranks, first + i, seed);
+        }
+        CHECK(wrong == 0);
+    };
+    for (unison::algorithm a : forced_algorithms) {
+        CAPTURE(unison::to_string(a));
+        auto comm = forced(a);
+        const int rank = comm.rank(), n = comm.size();
+        const auto ranks = static_cast<std::size_t>(n);
+        for (const placement& at : placements) {
+            const std::size_t shift = at.per_rank ? static_cast<std::size_t>(rank) : 0;
+            const std::size_t in_at = (at.in + shift) % 16, out_at = (at.out + 3 * shift) % 16;
+            CAPTURE(in_at);
+            CAPTURE(out_at);
+            for (std::size_t count : {std::size_t{1031}, std::size_t{70001}}) {
+                CAPTURE(count);
+                std::vector<float> in_backing, out_backing;
+                // all_reduce, out of place and in place
+                ++seed;
+                auto in = placed(in_backing, count, in_at);
+                auto out = placed(out_backing, count, out_at);
+                for (std::size_t i = 0; i < count; ++i) {
+                    in[i] = static_cast<float>(value(rank, i, seed));
+                }
+                unison::all_reduce(comm, std::span<const float>(in), out);
+                check(out, 0, n);
+                unison::all_reduce(comm, in);
+                check(in, 0, n);
+                // reduce_scatter (the algorithms that have one), out of place
+                if (a == unison::algorithm::automatic || a == unison::algorithm::rabenseifner ||
+                    a == unison::algorithm::rank_ordered) {
+                    ++seed;
+                    auto whole = placed(in_backing, count * ranks, in_at);
+                    auto block = placed(out_backing, count, out_at);
+                    for (std::size_t i = 0; i < whole.size(); ++i) {
+                        whole[i] = static_cast<float>(value(rank, i, seed));
+                    }
+                    unison::reduce_scatter(comm, std::span<const float>(whole), block);
+                    check(block, count * static_cast<std::size_t>(rank), n);
+                }
+                // all_gather (recursive doubling gathers in scratch), out of place
+                if (a == unison::algorithm::automatic ||
+                    a == unison::algorithm::recursive_doubling || a == unison::algorithm::ring) {
+                    ++seed;
+                    auto mine = placed(in_backing, count, in_at);
+                    auto all = placed(out_backing, count * ranks, out_at);
+                    for (std::size_t i = 0; i < count; ++i) {
+                        mine[i] = static_cast<float>(value(rank, i, seed));
+                    }
+                    unison::all_gather(comm, std::span<const float>(mine), all);
+                    std::size_t wrong = 0;
+                    for (int q = 0; q < n; ++q) {
+                        for (std::size_t i = 0; i < count; ++i) {
+                            wrong += all[static_cast<std::size_t>(q) * count + i] !=
+                                     static_cast<float>(value(q, i, seed));
+                        }
+                    }
+                    CHECK(wrong == 0);
+                }
+            }
+        }
+    }
 }
 
 TEST_CASE("mpi all-reduce: every algorithm reduces coalesced tensors") {

@@ -4,10 +4,28 @@
 /// 64-byte aligned, owning host storage: buckets, flat parameter units and shards.
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <new>
 
 namespace unison::detail {
+
+/// A cache line on the CPUs unison runs on.
+inline constexpr std::size_t cache_line_bytes = 64;
+
+/// The first address at or after `at` whose offset within its cache line is that of
+/// `like`: where a scratch buffer should start that receives a copy of memory at
+/// `like` (in this process or, laid out alike, in a peer's). A copy whose source and
+/// destination sit at different offsets in their lines can take twice as long: the
+/// kernel's copy of a shared-memory MPI message (Open MPI's single-copy transfers)
+/// into a 16-byte-aligned ring chunk from a 64-byte-aligned tensor did on an AMD
+/// EPYC (docs/measurements.md, "Scratch that sits like the tensors"). Leave
+/// cache_line_bytes of room before the end of `at`'s buffer.
+inline std::byte* same_line_offset(std::byte* at, const void* like) noexcept {
+    const auto a = reinterpret_cast<std::uintptr_t>(at);
+    const auto l = reinterpret_cast<std::uintptr_t>(like);
+    return at + ((l - a) & (cache_line_bytes - 1));
+}
 
 /// `bytes` bytes of uninitialized, 64-byte aligned host memory (null for 0 bytes).
 class aligned_bytes {

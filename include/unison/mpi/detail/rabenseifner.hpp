@@ -39,6 +39,7 @@
 
 #include "unison/comm/algorithm.hpp"
 #include "unison/comm/collective.hpp"
+#include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/host_reduce.hpp"
 #include "unison/core/dtype.hpp"
 #include "unison/core/error.hpp"
@@ -103,6 +104,7 @@ public:
             const bool lower = ((rank - rem) & 1) == 0;
             incoming_elems_ = lower ? mid : total_ - mid;
             partial_elems_ = scatter_ ? total_ : incoming_elems_;
+            partial_base_ = scatter_ || lower ? 0 : mid;
         }
     }
     mpi_rabenseifner(const mpi_rabenseifner&) = delete;
@@ -110,15 +112,24 @@ public:
 
     /// Bytes of scratch it needs: the partial sums (an all-reduce's whole buffer on a
     /// rank that folds in, half of it otherwise; a reduce_scatter's whole input; an
-    /// all_gather's whole output) and the largest half it receives.
-    std::size_t scratch_bytes() const noexcept { return (partial_elems_ + incoming_elems_) * es_; }
+    /// all_gather's whole output) and the largest half it receives, each with the
+    /// room to start at the offset within a cache line of the memory it mirrors.
+    std::size_t scratch_bytes() const noexcept {
+        return (partial_elems_ + incoming_elems_) * es_ + 2 * cache_line_bytes;
+    }
 
     /// Posts the first step. `scratch` holds scratch_bytes() and `send_stage` and
     /// `recv_stage` (grown here) the first messages, until the call is done.
     void start(std::byte* scratch, std::vector<std::byte>& send_stage,
                std::vector<std::byte>& recv_stage) {
-        partial_ = scratch;
-        incoming_ = scratch + partial_elems_ * es_;
+        // The partial sums sit within their cache lines as the buffer they stand for
+        // does, and so, step by step, does each half that arrives (incoming_for):
+        // copies between memory at different offsets in its lines can cost twice
+        // as much (same_line_offset).
+        partial_ = same_line_offset(scratch, gather_ ? call_.recv
+                                                     : static_cast<const std::byte*>(call_.send) +
+                                                           partial_base_ * es_);
+        incoming_ = partial_ + partial_elems_ * es_;
         if (scatter_) { // the input, in slot order
             const auto* in = static_cast<const std::byte*>(call_.send);
             for (int s = 0; s < p_; ++s) {
@@ -373,9 +384,9 @@ private:
         // Scratch: partial sums in the buffer's own coordinates (the whole buffer when
         // folding in, else from the first kept half on), then the incoming half.
         const std::byte* source = in;
-        std::size_t partial_base = 0; ///< element that partial_ stands for
+        const std::size_t partial_base = partial_base_; ///< element that partial_ stands for
         if (folds) {
-            step take = take_from(rank_ - 1, scratch_incoming(0), count * es_, false);
+            step take = take_from(rank_ - 1, incoming_for(in), count * es_, false);
             take.reduce_in = in;
             take.reduce_out = scratch_partial(0);
             take.reduce_elems = count;
@@ -398,9 +409,6 @@ private:
             b = kept;
             width = half;
         }
-        if (!folds && !halvings.empty() && !scatter_) {
-            partial_base = lo(halvings.front().kept_b);
-        }
         for (std::size_t k = 0; k < halvings.size(); ++k) {
             const halving& h = halvings[k];
             const std::size_t kept_lo = lo(h.kept_b), kept_hi = lo(h.kept_b + h.kept_w);
@@ -412,7 +420,7 @@ private:
             s.sends = true;
             s.send = from_input ? in + sent_lo * es_ : scratch_partial(sent_lo - partial_base);
             s.send_elems = sent_hi - sent_lo;
-            s.recv = scratch_incoming(0);
+            s.recv = incoming_for(in + kept_lo * es_); // the peer's half, laid out as ours
             s.recv_bytes = (kept_hi - kept_lo) * es_;
             s.reduce_in = from_input ? in + kept_lo * es_ : scratch_partial(kept_lo - partial_base);
             s.reduce_out = scratch_partial(kept_lo - partial_base);
@@ -457,7 +465,11 @@ private:
     }
 
     std::byte* scratch_partial(std::size_t elem) const noexcept { return partial_ + elem * es_; }
-    std::byte* scratch_incoming(std::size_t elem) const noexcept { return incoming_ + elem * es_; }
+    /// Where in the incoming scratch a half arrives that the peer keeps where this
+    /// rank keeps `like`: at its offset within a cache line.
+    std::byte* incoming_for(const std::byte* like) const noexcept {
+        return same_line_offset(incoming_, like);
+    }
 
     /// Whether every request is complete (no MPI call when none is left).
     bool test_all(std::vector<MPI_Request>& requests) const {
@@ -642,8 +654,11 @@ private:
     std::vector<step> steps_;
     std::size_t current_ = 0;
     std::size_t partial_elems_ = 0, incoming_elems_ = 0;
+    /// The element partial_ stands for: an all-reduce's first kept half on a rank that
+    /// does not fold in (the halving's first step keeps it), else 0.
+    std::size_t partial_base_ = 0;
     std::byte* partial_ = nullptr;
-    std::byte* incoming_ = nullptr;
+    std::byte* incoming_ = nullptr; ///< the incoming half's room (incoming_for places it)
     struct {
         const std::byte* from = nullptr; ///< in scratch
         std::byte* out = nullptr;

@@ -23,6 +23,7 @@
 /// folds all n; (n - 1) m bytes from each rank, one exchange fewer.
 
 #include "unison/comm/collective.hpp"
+#include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/host_reduce.hpp"
 #include "unison/core/dtype.hpp"
 #include "unison/core/reduce_op.hpp"
@@ -66,14 +67,16 @@ public:
         if (!folds()) {
             return 0;
         }
-        const std::size_t mine = own_len() * es_;
         const bool spare = call_.op == operation::reduce && rank_ != call_.root;
-        return mine * static_cast<std::size_t>(size_ - 1 + (spare ? 1 : 0));
+        return slot_stride() * static_cast<std::size_t>(size_ - 1 + (spare ? 1 : 0)) +
+               cache_line_bytes;
     }
 
     /// Posts phase one; `scratch` holds scratch_bytes() until the call is done.
     void start(std::byte* scratch) {
-        scratch_ = scratch;
+        // Each block arrives from where its sender keeps it, laid out as this rank's
+        // own block: the slots sit within their cache lines alike (same_line_offset).
+        scratch_ = folds() ? same_line_offset(scratch, input() + own_lo() * es_) : nullptr;
         folded_ = false;
         requests_.clear();
         sources_.clear();
@@ -174,6 +177,10 @@ private:
     /// The elements this rank folds: its block, or in one phase the whole call.
     std::size_t own_lo() const noexcept { return direct_ ? 0 : block_lo(rank_); }
     std::size_t own_len() const noexcept { return direct_ ? call_.count : block_len(rank_); }
+    /// Bytes from one slot of scratch to the next: a block, in whole cache lines.
+    std::size_t slot_stride() const noexcept {
+        return (own_len() * es_ + cache_line_bytes - 1) / cache_line_bytes * cache_line_bytes;
+    }
     /// Whether this rank folds anything (in one phase, a reduce folds on its root only).
     bool folds() const noexcept {
         return !(direct_ && call_.op == operation::reduce && rank_ != call_.root);
@@ -184,7 +191,7 @@ private:
     /// Where block q of the input arrives (q != rank_).
     std::byte* slot(int q) const noexcept {
         const int k = q < rank_ ? q : q - 1;
-        return scratch_ + static_cast<std::size_t>(k) * own_len() * es_;
+        return scratch_ + static_cast<std::size_t>(k) * slot_stride();
     }
     /// Where this rank's reduced block goes: its place in the output, or scratch on
     /// a rank that is not a reduce's root.
@@ -193,7 +200,7 @@ private:
             return output();
         }
         if (call_.op == operation::reduce && rank_ != call_.root) {
-            return scratch_ + static_cast<std::size_t>(size_ - 1) * own_len() * es_;
+            return scratch_ + static_cast<std::size_t>(size_ - 1) * slot_stride();
         }
         return output() + own_lo() * es_;
     }

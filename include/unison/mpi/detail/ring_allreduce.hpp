@@ -11,6 +11,7 @@
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/detail/validate.hpp"
+#include "unison/core/detail/aligned_bytes.hpp"
 #include "unison/core/detail/host_reduce.hpp"
 #include "unison/core/dtype.hpp"
 #include "unison/core/reduce_op.hpp"
@@ -91,9 +92,11 @@ public:
     mpi_ring_allreduce(const mpi_ring_allreduce&) = delete;
     mpi_ring_allreduce& operator=(const mpi_ring_allreduce&) = delete;
 
-    /// Bytes of scratch the ring needs: one chunk, the largest (none to gather).
+    /// Bytes of scratch the ring needs: one chunk, the largest, and the room to
+    /// start it at the offset within a cache line of the memory it receives (none to
+    /// gather).
     std::size_t scratch_bytes() const noexcept {
-        return gathers_ ? 0 : chunk_len(0) * size_of(call_.type);
+        return gathers_ ? 0 : chunk_len(0) * size_of(call_.type) + cache_line_bytes;
     }
 
     /// The rank this one receives from.
@@ -157,7 +160,7 @@ public:
                 }
                 if (scatter) { // fold the arrived partial sum into my input's chunk
                     const part& p = recv_parts_[static_cast<std::size_t>(reduced_)];
-                    const void* inputs[2] = {p.in, scratch_ + p.offset * es};
+                    const void* inputs[2] = {p.in, chunk_scratch_ + p.offset * es};
                     void* outputs[1] = {p.out};
                     const bool last = step_ == n - 2;
                     host_reduce(call_.type, call_.reduction, inputs, 2, outputs, 1, p.count,
@@ -258,13 +261,19 @@ private:
         recv_parts_.clear();
         for_each_part(recv_chunk_, [&](const part& p) { recv_parts_.push_back(p); });
         recv_segments_ = static_cast<int>(recv_parts_.size());
+        if (scatter && !recv_parts_.empty()) {
+            // The chunk arrives from where the previous rank keeps it: its input in
+            // the first step, its output after; laid out as this rank's.
+            const part& first = recv_parts_.front();
+            chunk_scratch_ = same_line_offset(scratch_, s == 0 ? first.in : first.out);
+        }
         requests_.assign(recv_parts_.size(), MPI_REQUEST_NULL);
         reduced_ = 0;
         sent_ = false;
         // A part is at most segment_ elements, so its count fits an int.
         for (std::size_t k = 0; k < recv_parts_.size(); ++k) {
             const part& p = recv_parts_[k];
-            std::byte* into = scatter ? scratch_ + p.offset * es : p.out;
+            std::byte* into = scatter ? chunk_scratch_ + p.offset * es : p.out;
             check(MPI_Irecv(into, static_cast<int>(p.count), t, prev, tag_, comm_, &requests_[k]),
                   "MPI_Irecv (ring)");
         }
@@ -293,6 +302,7 @@ private:
     mpi_ring_extent whole_; ///< the call's one buffer, when no extents are given
     std::span<const mpi_ring_extent> extents_;
     std::byte* scratch_ = nullptr; ///< one chunk: the partial sum arriving in a reduce-scatter step
+    std::byte* chunk_scratch_ = nullptr; ///< where in scratch_ this step's chunk starts
     int step_ = 0;
     int tag_ = 0;
     int send_chunk_ = 0, recv_chunk_ = 0;
