@@ -66,23 +66,26 @@ inline constexpr int node_ring_max_ranks = 3;
 /// ... from this many bytes.
 inline constexpr std::size_t node_ring_min_bytes = 64 * 1024;
 
-// Measured for real at 4 processes of Open MPI 4.1 on one node (this machine's 2
-// cores, so oversubscribed: a rough check; docs/measurements.md, "At 4 real
-// processes"): at 8 and 16 MiB Rabenseifner's in-place call was 1.25-1.40x raw
-// MPI_Allreduce in single runs (its halves gather in scratch and reach the
-// caller's buffer in a copy of their own) where the ring, straight from and into
-// the caller's buffer, was 0.86-0.99x. At 1-4 MiB the ring's runs spread too
-// widely (0.87-1.16x) to choose. The simulation, which charges a node's every
-// message a network's latency factor, prefers Rabenseifner's on a node of 4 at
-// every size but by less from 8 MiB: the ring 1.06x MPI's best at 8 MiB and 1.03x
-// at 16 MiB, Rabenseifner's 1.01x at both (at 4 MiB 1.11x against 1.03x). 8 ranks
-// on a node were not measured for real (too many for 2 cores), so they keep
-// Rabenseifner's.
+// Measured for real at 4 processes of Open MPI 4.1 on one node (2 cores, so
+// oversubscribed: a rough check; docs/measurements.md, "At 4 real processes" and
+// "Scratch that sits like the tensors"). In place over raw MPI_Allreduce, medians
+// of 4 runs on an AMD EPYC: at 2 and 4 MiB the ring, straight from and into the
+// caller's buffer, 0.88 and 0.89x, Rabenseifner's, whose halves gather in scratch
+// while the call check rides them, 1.16 and 1.15x; at 1 MiB both 1.04x. (On an
+// Intel Xeon the day before, with the scratch at the wrong offset in its cache
+// lines, Rabenseifner's was 1.25-1.40x at 8-16 MiB and the ring 0.86-0.99x.) The
+// simulation, which charges a node's every message a network's latency factor
+// (3.5 us for a large one on its 0.3 us loopback), prefers Rabenseifner's on a
+// node of 4 by a fixed 7 us, the ring's two extra steps: the ring 1.30x MPI's best
+// at 1 MiB, 1.19x at 2 MiB, 1.11x at 4 MiB and 1.06x at 8 MiB, Rabenseifner's
+// 1.01-1.07x. Where the two disagree the real node decides; where they are even
+// for real (1 MiB) the simulation does. 8 ranks on a node were not measured for
+// real (too many for 2 cores), so they keep Rabenseifner's.
 
 /// Up to this many ranks on one node ...
 inline constexpr int node_large_ring_max_ranks = 4;
 /// ... the ring from this many bytes.
-inline constexpr std::size_t node_large_ring_min_bytes = 8 * 1024 * 1024;
+inline constexpr std::size_t node_large_ring_min_bytes = 2 * 1024 * 1024;
 static_assert(node_large_ring_max_ranks > node_ring_max_ranks &&
                   node_large_ring_min_bytes > node_ring_min_bytes,
               "the ring takes over from Rabenseifner on one node later with more ranks");
