@@ -62,7 +62,8 @@ public:
     mpi_rank_ordered& operator=(const mpi_rank_ordered&) = delete;
 
     /// Bytes of scratch: the n - 1 blocks that arrive, and, for a reduce on a rank
-    /// other than the root, the reduced block it sends.
+    /// other than the root, the reduced block it sends, each in whole cache lines,
+    /// and a line's room to start them at the line offset of this rank's own block.
     std::size_t scratch_bytes() const noexcept {
         if (!folds()) {
             return 0;

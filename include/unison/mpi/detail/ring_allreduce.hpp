@@ -301,7 +301,7 @@ private:
     std::size_t count_;     ///< elements the ring carries (the output's, to gather)
     mpi_ring_extent whole_; ///< the call's one buffer, when no extents are given
     std::span<const mpi_ring_extent> extents_;
-    std::byte* scratch_ = nullptr; ///< one chunk: the partial sum arriving in a reduce-scatter step
+    std::byte* scratch_ = nullptr;       ///< room for one chunk and a cache line
     std::byte* chunk_scratch_ = nullptr; ///< where in scratch_ this step's chunk starts
     int step_ = 0;
     int tag_ = 0;
