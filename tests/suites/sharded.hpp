@@ -67,12 +67,34 @@ TEST_CASE_TEMPLATE_DEFINE("sharded: a rank that skips a step is caught at the st
     });
 }
 
-/// Registers every test case of the sharded suite for backend fixture `Backend`.
-#define UNISON_SHARDED_SUITE(Backend)                                                              \
+// The suite in five parts, so that a backend can spread it over five files
+// (tests/<backend>/sharded_*.cpp): one file instantiating all of it takes minutes on
+// one core, the last thing a parallel build waits for.
+
+/// Registers the training cases for backend fixture `Backend`.
+#define UNISON_SHARDED_TRAINING_SUITE(Backend) TEST_CASE_TEMPLATE_INVOKE(sharded_training, Backend)
+
+/// Registers the gradient-accumulation cases for backend fixture `Backend`.
+#define UNISON_SHARDED_ACCUMULATION_SUITE(Backend)                                                 \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_accumulation, Backend)
+
+/// Registers the accounting and checkpoint cases for backend fixture `Backend`.
+#define UNISON_SHARDED_STATE_SUITE(Backend)                                                        \
     TEST_CASE_TEMPLATE_INVOKE(sharded_accounting, Backend);                                        \
-    TEST_CASE_TEMPLATE_INVOKE(sharded_training, Backend);                                          \
-    TEST_CASE_TEMPLATE_INVOKE(sharded_accumulation, Backend);                                      \
-    TEST_CASE_TEMPLATE_INVOKE(sharded_checkpoints, Backend);                                       \
-    TEST_CASE_TEMPLATE_INVOKE(sharded_engine, Backend);                                            \
+    TEST_CASE_TEMPLATE_INVOKE(sharded_checkpoints, Backend)
+
+/// Registers the fsdp engine's semantics cases for backend fixture `Backend`.
+#define UNISON_SHARDED_ENGINE_SUITE(Backend) TEST_CASE_TEMPLATE_INVOKE(sharded_engine, Backend)
+
+/// Registers the misuse and skipped-step cases for backend fixture `Backend`.
+#define UNISON_SHARDED_MISUSE_SUITE(Backend)                                                       \
     TEST_CASE_TEMPLATE_INVOKE(sharded_misuse, Backend);                                            \
     TEST_CASE_TEMPLATE_INVOKE(sharded_skipped_step, Backend)
+
+/// Registers every test case of the sharded suite for backend fixture `Backend`.
+#define UNISON_SHARDED_SUITE(Backend)                                                              \
+    UNISON_SHARDED_TRAINING_SUITE(Backend);                                                        \
+    UNISON_SHARDED_ACCUMULATION_SUITE(Backend);                                                    \
+    UNISON_SHARDED_STATE_SUITE(Backend);                                                           \
+    UNISON_SHARDED_ENGINE_SUITE(Backend);                                                          \
+    UNISON_SHARDED_MISUSE_SUITE(Backend)

@@ -1,5 +1,6 @@
-// The sharded (FSDP / ZeRO) suite (tests/suites/sharded.hpp) on the thread backend,
-// at 1 to 4 ranks, and resharding a checkpoint across world sizes, which only the
+// The sharded (FSDP / ZeRO) suite (tests/suites/sharded.hpp) on the thread backend, at
+// 1 to 4 ranks: memory and traffic accounting, mixed precision, clipping, loss scaling
+// and checkpoints; and resharding a checkpoint across world sizes, which only the
 // thread backend can do within one run.
 
 #include "../suites/sharded.hpp"
@@ -8,17 +9,7 @@
 #include <random>
 #include <string>
 
-UNISON_SHARDED_SUITE(unison::test::backend::thread);
-
-// The training and accumulation cases as the device fixtures run them (the model's
-// values and gradients staged through the engine's memory around each layer), on
-// host memory.
-TEST_CASE("thread sharded: training through staged copies equals single-process training") {
-    unison::test::backend::thread::run([](auto& comm) {
-        unison::test::sharded_training_cases<unison::test::staged_host_space>(comm);
-        unison::test::accumulation_cases<unison::test::staged_host_space>(comm);
-    });
-}
+UNISON_SHARDED_STATE_SUITE(unison::test::backend::thread);
 
 TEST_CASE("thread sharded: ZeRO-3 at 4 ranks resumes as ZeRO-1 at 2, DDP at 1, ZeRO-2 at 3") {
     using namespace unison::policy;

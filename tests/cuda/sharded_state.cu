@@ -1,17 +1,19 @@
-// The sharded suite (tests/suites/sharded.hpp) on device memory: sharded_parameters
-// and the partitioned optimizer placed on the GPU (unison::cuda::use_device), so that
+// The sharded suite (tests/suites/sharded.hpp) on device memory: sharded_parameters and
+// the partitioned optimizer placed on the GPU (unison::cuda::use_device), so that
 // gathers, reductions, casts and the fused optimizer steps run there. On the thread
 // backend, worlds of 1 to 4 ranks share GPU 0; with NCCL, one rank per visible GPU.
+// This file: accounting, mixed precision and checkpoints, and ZeRO-3 and hybrid at 8
+// thread ranks.
 
 #include "../suites/sharded.hpp"
 #include "backends.cuh"
 
-UNISON_SHARDED_SUITE(unison::test::backend::thread_on_gpu);
+UNISON_SHARDED_STATE_SUITE(unison::test::backend::thread_on_gpu);
 // The same threads behind a communicator that moves device memory only, as NCCL
 // does: the engines' bookkeeping collectives go through the GPU, at 1 to 4 ranks.
-UNISON_SHARDED_SUITE(unison::test::backend::thread_on_gpu_device_only);
+UNISON_SHARDED_STATE_SUITE(unison::test::backend::thread_on_gpu_device_only);
 #if UNISON_HAS_NCCL()
-UNISON_SHARDED_SUITE(unison::test::backend::nccl_engines);
+UNISON_SHARDED_STATE_SUITE(unison::test::backend::nccl_engines);
 #endif
 
 // Beyond the suite's 1 to 4 ranks: 8 thread ranks on one GPU, hybrid in two groups

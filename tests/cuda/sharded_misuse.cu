@@ -1,0 +1,16 @@
+// The sharded suite (tests/suites/sharded.hpp) on device memory: sharded_parameters and
+// the partitioned optimizer placed on the GPU (unison::cuda::use_device), so that
+// gathers, reductions, casts and the fused optimizer steps run there. On the thread
+// backend, worlds of 1 to 4 ranks share GPU 0; with NCCL, one rank per visible GPU.
+// This file: misuse and the skipped step.
+
+#include "../suites/sharded.hpp"
+#include "backends.cuh"
+
+UNISON_SHARDED_MISUSE_SUITE(unison::test::backend::thread_on_gpu);
+// The same threads behind a communicator that moves device memory only, as NCCL
+// does: the engines' bookkeeping collectives go through the GPU, at 1 to 4 ranks.
+UNISON_SHARDED_MISUSE_SUITE(unison::test::backend::thread_on_gpu_device_only);
+#if UNISON_HAS_NCCL()
+UNISON_SHARDED_MISUSE_SUITE(unison::test::backend::nccl_engines);
+#endif

@@ -1,0 +1,6 @@
+// The sharded (FSDP / ZeRO) suite (tests/suites/sharded.hpp) on the Gloo backend, at 1
+// to 4 ranks: the fsdp engine's prefetch order, unit reuse and unused units.
+
+#include "../suites/sharded.hpp"
+
+UNISON_SHARDED_ENGINE_SUITE(unison::test::backend::gloo);
