@@ -3,6 +3,7 @@
 #   cmake -DMODE=find_package|pkg_config|examples_alone|add_subdirectory|fetchcontent
 #         -DSOURCE_DIR=<unison source tree> -DWORK_DIR=<scratch directory>
 #         [-DGENERATOR=<generator>] [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>]
+#         [-DCXX_FLAGS_RELEASE=<flags>]
 #         [-DENABLE_MPI=ON|OFF] [-DENABLE_CUDA=ON|OFF] [-DENABLE_NCCL=ON|OFF]
 #         [-DMPIEXEC=<the build's mpiexec>]
 #         -P run_packaging_test.cmake
@@ -46,6 +47,9 @@ if(MAKE_PROGRAM)
 endif()
 if(CXX_COMPILER)
     list(APPEND configure_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
+endif()
+if(CXX_FLAGS_RELEASE)
+    list(APPEND configure_args "-DCMAKE_CXX_FLAGS_RELEASE=${CXX_FLAGS_RELEASE}")
 endif()
 # For the configure that builds unison itself: the install, or the consumer's
 # in-tree copy.
