@@ -70,7 +70,13 @@ private:
 };
 
 /// Threads on one GPU behind device_memory_only: worlds of 1 to 4 ranks whose
-/// engines can move nothing but device memory.
+/// engines can move nothing but device memory. The DDP and sharded suites are
+/// registered for it unless UNISON_TEST_GPU_DEVICE_ONLY is 0 (CMake option of the
+/// same name): a build that only compiles the GPU tests, without a GPU, may leave
+/// it out, since NCCL's fixture instantiates the same device-only paths.
+#ifndef UNISON_TEST_GPU_DEVICE_ONLY
+#define UNISON_TEST_GPU_DEVICE_ONLY 1
+#endif
 struct thread_on_gpu_device_only {
     using space = device_engine_space;
 

@@ -10,9 +10,11 @@
 #include "backends.cuh"
 
 UNISON_DDP_SUITE(unison::test::backend::thread_on_gpu);
+#if UNISON_TEST_GPU_DEVICE_ONLY
 // The same threads behind a communicator that moves device memory only, as NCCL
 // does: the engines' bookkeeping collectives go through the GPU, at 1 to 4 ranks.
 UNISON_DDP_SUITE(unison::test::backend::thread_on_gpu_device_only);
+#endif
 #if UNISON_HAS_NCCL()
 UNISON_DDP_SUITE(unison::test::backend::nccl_engines);
 #endif
