@@ -4,6 +4,7 @@
 set -euo pipefail
 
 packages=(cmake g++ make git pkg-config clang-format
+          clang libclang-rt-14-dev # the ASan+UBSan build of the tests (scripts/test.sh)
           openmpi-bin libopenmpi-dev
           mpich libmpich-dev # the MPI backend under MPICH too (Open MPI stays the default)
           libgloo-dev # the Gloo backend (CPU jobs without MPI)
