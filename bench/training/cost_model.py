@@ -151,7 +151,7 @@ TUNING = {
     "many_nodes_two_level_min_bytes": 1 * KIB,
     "two_level_max_bytes": 32 * KIB,
     "direct_max_ranks": 8,
-    "direct_min_bytes": 64 * KIB,
+    "direct_min_bytes": 32 * KIB,
 }
 
 # Ranks per node on each simulated platform (bench/simulation/platforms/).

@@ -345,9 +345,12 @@ constexpr std::size_t two_level_min_bytes(int nodes) noexcept {
 // best from 64 KiB: with a rank per node, at 3, 4 and 8 ranks, 0.47-1.04x on the
 // flat cluster and 0.46-0.99x on the fat tree, where the tuning's choice before it
 // was 0.49-1.24x and 0.47-1.17x (on one node of 4 or 8 ranks 0.17-0.88x, against
-// recursive doubling's and Rabenseifner's 0.79-1.09x; see below). Below 64 KiB its n - 1
-// messages cost more than they save (1.03-1.25x at 16 KiB on 4 ranks, where
-// recursive doubling was 0.70-0.82x). Over nodes of several ranks every rank's
+// recursive doubling's and Rabenseifner's 0.79-1.09x; see below). At 32 KiB, over
+// 3 to 8 ranks (5 to 7 as well), it was 0.54-0.93x, where recursive doubling was
+// 1.17x on 6 ranks and 1.27x on 4 of the fat tree, whose hops of 0.5 us make a
+// step's latency cheap beside its bytes; Rabenseifner's, at 8, 1.02x. Below 32 KiB
+// its n - 1 messages cost more than they save (1.03-1.25x at 16 KiB on 4 ranks,
+// where recursive doubling was 0.70-0.82x). Over nodes of several ranks every rank's
 // messages to another node cross that node's one NIC side by side (2.8-6.3x on two
 // nodes of 8). On one node the simulation, which prices shared memory as a fast
 // link and not its bandwidth shared by every copy, is not borne out for real: at 4
@@ -358,14 +361,17 @@ constexpr std::size_t two_level_min_bytes(int nodes) noexcept {
 // posting a message. With 0.5 us for each send and receive (smpi/os, ois, or) it
 // still led at 4 and 8 ranks from 64 KiB (0.57-1.07x, the choice before it
 // 0.67-1.15x), but no longer everywhere at 16 ranks (1.21x at 64 KiB on the fat
-// tree); and the many-to-one traffic of more ranks, which the simulation does not
-// price, is what real MPIs avoid it for. So it runs up to 8 ranks. On two ranks it
-// is the ring's two steps (1.01-1.94x across nodes, recursive doubling 0.61-1.14x).
+// tree); at 32 KiB it was 0.68-1.17x over 3 to 8 ranks (1.17 on 4 flat ranks, 1.15
+// on 8 of the fat tree) where recursive doubling was 0.96-1.07x. The default
+// settings decide, as everywhere in this file. The many-to-one traffic of more
+// ranks, which the simulation does not price, is what real MPIs avoid it for, so
+// it runs up to 8 ranks. On two ranks it is the ring's two steps (1.01-1.94x
+// across nodes, recursive doubling 0.61-1.14x).
 
 /// Up to this many ranks, each on a node of its own ...
 inline constexpr int direct_max_ranks = 8;
 /// ... from this many bytes, the direct exchange.
-inline constexpr std::size_t direct_min_bytes = 64 * 1024;
+inline constexpr std::size_t direct_min_bytes = 32 * 1024;
 
 /// Whether an all-reduce of `bytes` over `ranks` ranks, at most `node_ranks` of
 /// them on one node, takes the direct exchange.
