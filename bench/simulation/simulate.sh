@@ -8,7 +8,13 @@
 # long each run took here.
 #
 #   bench/simulation/simulate.sh [-p "flat two_level fat_tree"] [-n "2 4 8"]
-#       [-s "ompi mpich"] [-o out.csv] [-t seconds] [--shared-from N] [-- driver options]
+#       [-s "ompi mpich"] [-o out.csv] [-t seconds] [--shared-from N]
+#       [-d allreduce_sim|engine_sim] [-- driver options]
+#
+# -d engine_sim runs the other driver, engine_sim.cpp: the engines' start() and
+# the fixed cost of a step of a tiny model (ddp and fsdp), under the first
+# selector only (the engines call unison's collectives alone), printing
+# platform,selector,ranks,engine,phase,us,calls,correct.
 #
 # Unison's own rows do not depend on the selector (only the MPI's call does), so
 # they run under the first selector only. From --shared-from ranks on (default
@@ -36,6 +42,7 @@ selectors="ompi mpich"
 out=/dev/stdout
 limit=600
 shared_from=256
+driver_name=allreduce_sim
 driver_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -45,6 +52,7 @@ while [ $# -gt 0 ]; do
     -o) out=$2; shift 2 ;;
     -t) limit=$2; shift 2 ;;
     --shared-from) shared_from=$2; shift 2 ;;
+    -d) driver_name=$2; shift 2 ;;
     --) shift; driver_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "simulate.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -57,11 +65,20 @@ for tool in smpicxx smpirun; do
     }
 done
 
+case "$driver_name" in
+allreduce_sim) header="platform,selector,ranks,bytes,algorithm,chosen,us,correct" ;;
+engine_sim)
+    header="platform,selector,ranks,engine,phase,us,calls,correct"
+    selectors=${selectors%% *} # unison's calls alone: one selector is enough
+    ;;
+*) echo "simulate.sh: -d takes allreduce_sim or engine_sim, not '$driver_name'" >&2; exit 2 ;;
+esac
+
 build=${UNISON_SIM_BUILD:-$root/build/simulation}
 mkdir -p "$build"
-driver=$build/allreduce_sim
-if [ ! -x "$driver" ] || [ -n "$(find "$here/allreduce_sim.cpp" "$root/include" -newer "$driver" -print -quit)" ]; then
-    smpicxx -std=c++20 -O2 -DUNISON_WITH_MPI -I"$root/include" "$here/allreduce_sim.cpp" \
+driver=$build/$driver_name
+if [ ! -x "$driver" ] || [ -n "$(find "$here/$driver_name.cpp" "$root/include" -newer "$driver" -print -quit)" ]; then
+    smpicxx -std=c++20 -O2 -DUNISON_WITH_MPI -I"$root/include" "$here/$driver_name.cpp" \
         -o "$driver" 2>"$build/build.log" || { cat "$build/build.log" >&2; exit 1; }
 fi
 
@@ -80,7 +97,7 @@ hostfile() {
     echo "$work/hosts"
 }
 
-echo "platform,selector,ranks,bytes,algorithm,chosen,us,correct" >"$out"
+echo "$header" >"$out"
 for platform in $platforms; do
     xml=$here/platforms/$platform.xml
     [ -f "$xml" ] || { echo "simulate.sh: no platform file $xml" >&2; exit 2; }
@@ -88,7 +105,7 @@ for platform in $platforms; do
         first=1
         for selector in $selectors; do
             args=("${driver_args[@]}")
-            [ "$n" -ge "$shared_from" ] && args+=(--shared)
+            [ "$driver_name" = allreduce_sim ] && [ "$n" -ge "$shared_from" ] && args+=(--shared)
             [ $first -eq 0 ] && args+=(-a none)
             start=$(date +%s.%N)
             # UNISON_SIM_CFG unquoted on purpose: one word per setting.

@@ -191,9 +191,10 @@ PY
 }
 
 # The simulation harness (bench/simulation/simulate.sh) at a small scale: every
-# all-reduce algorithm on a flat and a two-level cluster, at 3 and 4 ranks, and the
-# reduce_scatter and all_gather at 4, each result checked; skipped (77, simulate.sh
-# says why) where SimGrid is not installed. ARGS: build directory, cost_model.py.
+# all-reduce algorithm on a flat and a two-level cluster, at 3 and 4 ranks, the
+# reduce_scatter and all_gather at 4, and the engines' driver (engine_sim) at 3,
+# each result checked; skipped (77, simulate.sh says why) where SimGrid is not
+# installed. ARGS: build directory, cost_model.py.
 simulation() {
     local build=$1 cost_model=$2 out more rows c
     out=$(UNISON_SIM_BUILD="$build" bash "$prog" -p "flat two_level" -n "3 4" -t 300 -- \
@@ -210,6 +211,11 @@ simulation() {
         echo "$more"
         ! grep -q ',wrong$' <<<"$more" && [ "$(grep -c ',ok$' <<<"$more")" -eq 24 ] || return 1
     done
+    # The engines: ddp's and fsdp's start and step, 4 rows, every one checked.
+    more=$(UNISON_SIM_BUILD="$build" bash "$prog" -d engine_sim -p flat -n 3 -t 300 -- \
+        -s 2 -w 1) || return $?
+    echo "$more"
+    ! grep -q ',wrong$' <<<"$more" && [ "$(grep -c ',ok$' <<<"$more")" -eq 4 ] || return 1
     # bench/training/cost_model.py mirrors the tuning's rules: the algorithms it would pick are
     # the ones the C++ tuning ran.
     if command -v python3 >/dev/null; then
