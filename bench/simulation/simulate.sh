@@ -115,7 +115,7 @@ for platform in $platforms; do
                 --cfg=smpi/async-small-thresh:65536 --cfg=smpi/send-is-detached-thresh:65536 \
                 --log=root.thres:critical ${UNISON_SIM_CFG:-} "$driver" "${args[@]}" >"$work/run.csv" 2>"$work/run.err"; then
                 echo "simulate.sh: $platform, $n ranks, $selector: failed or ran past ${limit}s" >&2
-                tail -5 "$work/run.err" >&2
+                grep -v "^  ->  " "$work/run.err" | tail -n 30 >&2 # SimGrid's backtrace lines left out
                 exit 1
             fi
             end=$(date +%s.%N)
