@@ -39,6 +39,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -123,6 +124,22 @@ double timed(F&& f) {
     return slowest(MPI_Wtime() - t0);
 }
 
+/// Runs `step(s)` for o.warmup untimed steps, then o.steps timed ones; the slowest
+/// rank's seconds per step (rank 0) and this rank's collectives per step.
+template <class Step>
+std::pair<double, double> time_steps(counted& comm, const options& o, Step&& step) {
+    for (int s = 0; s < o.warmup; ++s) {
+        step(s);
+    }
+    comm.reset();
+    const double seconds = timed([&] {
+        for (int s = 0; s < o.steps; ++s) {
+            step(o.warmup + s);
+        }
+    });
+    return {seconds / o.steps, static_cast<double>(comm.total().calls) / o.steps};
+}
+
 void report(int rank, int ranks, const char* engine, const char* phase, double seconds,
             double calls, const char* correct) {
     if (rank == 0) {
@@ -168,16 +185,7 @@ void run_ddp(unison::mpi_communicator& mpi, const options& o) {
             throw std::runtime_error("ddp finish() did not complete a step");
         }
     };
-    for (int s = 0; s < o.warmup; ++s) {
-        step(s);
-    }
-    comm.reset();
-    const double seconds = timed([&] {
-        for (int s = 0; s < o.steps; ++s) {
-            step(o.warmup + s);
-        }
-    });
-    const double calls = static_cast<double>(comm.total().calls) / o.steps;
+    const auto [seconds, calls] = time_steps(comm, o, step);
     const int last = o.warmup + o.steps - 1;
     for (std::size_t t = 0; t < tensors; ++t) {
         for (std::size_t i = 0; i < grads[t].size(); ++i) {
@@ -190,7 +198,7 @@ void run_ddp(unison::mpi_communicator& mpi, const options& o) {
                  std::abs(static_cast<double>(grads[t][i]) - mean) <= 1e-6 * (1 + std::abs(mean));
         }
     }
-    report(rank, ranks, "ddp", "step", seconds / o.steps, calls, everywhere(ok) ? "ok" : "wrong");
+    report(rank, ranks, "ddp", "step", seconds, calls, everywhere(ok) ? "ok" : "wrong");
 }
 
 void run_fsdp(unison::mpi_communicator& mpi, const options& o) {
@@ -240,16 +248,7 @@ void run_fsdp(unison::mpi_communicator& mpi, const options& o) {
         }
         (void)engine.step();
     };
-    for (int s = 0; s < o.warmup; ++s) {
-        step(s);
-    }
-    comm.reset();
-    const double seconds = timed([&] {
-        for (int s = 0; s < o.steps; ++s) {
-            step(o.warmup + s);
-        }
-    });
-    const double calls = static_cast<double>(comm.total().calls) / o.steps;
+    const auto [seconds, calls] = time_steps(comm, o, step);
     // Every rank's parameters, gathered, must be the same to the bit.
     bool ok = true;
     for (std::size_t u = 0; u < units.size(); ++u) {
@@ -265,7 +264,7 @@ void run_fsdp(unison::mpi_communicator& mpi, const options& o) {
         }
         engine.after_forward(units[u]);
     }
-    report(rank, ranks, "fsdp", "step", seconds / o.steps, calls, everywhere(ok) ? "ok" : "wrong");
+    report(rank, ranks, "fsdp", "step", seconds, calls, everywhere(ok) ? "ok" : "wrong");
 }
 
 } // namespace
