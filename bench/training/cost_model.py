@@ -194,10 +194,13 @@ def tuned(t, m, p, node_ranks=1):
     least = (t["two_nodes_two_level_min_bytes"] if nodes <= 2 else
              t["few_nodes_two_level_min_bytes"] if nodes <= 4 else
              t["many_nodes_two_level_min_bytes"])
-    if m >= least and (flat == "recursive_doubling" or
-                       (flat == "rabenseifner" and m < t["two_level_max_bytes"])):
-        return "two_level"
-    return flat
+    if m < least:
+        return flat
+    if m < t["two_level_max_bytes"]:
+        return "two_level" if flat in ("recursive_doubling", "rabenseifner") else flat
+    if p > t["odd_some_ranks"]:
+        return "rabenseifner" if flat in ("recursive_doubling", "ring") else flat
+    return "two_level" if flat == "recursive_doubling" else flat
 
 
 def tuned_by_size(t, m, p, one_node):

@@ -142,6 +142,15 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
     CHECK(all_reduce(two_level_min_bytes(8), 64, 1) == algorithm::recursive_doubling);
     CHECK(all_reduce(two_level_min_bytes(8), 8, 8) == algorithm::recursive_doubling);
     CHECK(all_reduce(std::size_t{1} << 30, 64, 8) == algorithm::rabenseifner);
+    // Not a power of two, past odd_some_ranks, over nodes of several ranks:
+    // Rabenseifner's from two_level_max_bytes, where recursive doubling (two_level)
+    // and the ring would run by size alone; a rank per node keeps the ring.
+    CHECK(all_reduce(two_level_max_bytes - 1, 24, 8) == algorithm::two_level);
+    CHECK(all_reduce(two_level_max_bytes, 24, 8) == algorithm::rabenseifner);
+    CHECK(all_reduce_by_size(two_level_max_bytes, 24, false) == algorithm::recursive_doubling);
+    CHECK(all_reduce(std::size_t{1} << 24, 12, 8) == algorithm::rabenseifner);
+    CHECK(all_reduce(std::size_t{1} << 24, 12, 1) == algorithm::ring);
+    CHECK(all_reduce(std::size_t{1} << 24, 6, 2) == algorithm::ring); // up to odd_some_ranks
 }
 
 TEST_CASE("mpi tuning: a forced algorithm wins over the tuning, but not for one rank") {

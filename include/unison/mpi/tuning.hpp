@@ -313,6 +313,17 @@ constexpr algorithm all_reduce_by_size(std::size_t bytes, int ranks, bool one_no
 // also beats Rabenseifner (1.03-1.65: its 2 log2(n) steps, each crossing the NIC
 // from every rank); at 32 KiB no longer (1.08-1.23 against 0.92-1.04).
 
+// Rank counts that are not a power of two, over nodes of 8 (12 to 48 ranks,
+// measured the same way, docs/measurements.md, "Nodes of several ranks"): from 32
+// KiB Rabenseifner's, 0.92-1.02x MPI's best, where two_level (which by size alone
+// carries them up to odd_rabenseifner_min_bytes) was 1.17-1.26x at 32 and 64 KiB,
+// and the ring (which by size alone carries them from ring_min_bytes_per_rank,
+// chosen with a rank per node) 1.32-2.69x from 4 MiB: each of its 2 (n - 1) steps
+// waits for the one message that crosses between nodes. So past odd_some_ranks,
+// over nodes of several ranks, Rabenseifner's from two_level_max_bytes. (Up to
+// odd_some_ranks such layouts were not simulated: the two-level cluster's nodes
+// hold 8.)
+
 /// Several nodes holding more than one rank each: two_level where recursive
 /// doubling would run, from this many bytes on 2 nodes ...
 inline constexpr std::size_t two_nodes_two_level_min_bytes = 8 * 1024;
@@ -392,10 +403,17 @@ constexpr algorithm all_reduce(std::size_t bytes, int ranks, int node_ranks) noe
         bytes < two_level_min_bytes((ranks + node_ranks - 1) / node_ranks)) {
         return flat;
     }
-    return flat == algorithm::recursive_doubling ||
-                   (flat == algorithm::rabenseifner && bytes < two_level_max_bytes)
-               ? algorithm::two_level
-               : flat;
+    if (bytes < two_level_max_bytes) {
+        return flat == algorithm::recursive_doubling || flat == algorithm::rabenseifner
+                   ? algorithm::two_level
+                   : flat;
+    }
+    if (ranks > odd_some_ranks) {
+        return flat == algorithm::recursive_doubling || flat == algorithm::ring
+                   ? algorithm::rabenseifner
+                   : flat;
+    }
+    return flat == algorithm::recursive_doubling ? algorithm::two_level : flat;
 }
 
 } // namespace unison::mpi_tuning
