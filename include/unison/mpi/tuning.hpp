@@ -26,7 +26,8 @@
 /// - ring (ring_allreduce.hpp): after the check, 2 (n - 1) messages of 1/n of the
 ///   buffer each, sent straight from and into the caller's tensors: no scratch
 ///   beyond one chunk and no fold, for large buffers on two to four ranks of one
-///   node and on rank counts that are not a power of two;
+///   node and on rank counts that are not a power of two (past 8 ranks, only with
+///   a rank per node);
 /// - native: after the check, MPI's own MPI_Iallreduce;
 /// - rank_ordered (rank_ordered.hpp): after the check, the direct exchange: each
 ///   block straight to its owner, reduced there in rank order, then straight to
@@ -128,7 +129,8 @@ inline constexpr std::size_t odd_some_ring_min_bytes = 2 * 1024 * 1024;
 /// Rabenseifner ...
 inline constexpr std::size_t odd_rabenseifner_min_bytes = 64 * 1024;
 /// ... and the ring from this many bytes per rank (its messages then large enough
-/// that their number costs less than the fold).
+/// that their number costs less than the fold). Over nodes of several ranks,
+/// Rabenseifner's instead, from two_level_max_bytes (all_reduce, below).
 inline constexpr std::size_t ring_min_bytes_per_rank = 512 * 1024;
 
 // ---- Deterministic reductions (comm_options::deterministic; rank_ordered.hpp),
