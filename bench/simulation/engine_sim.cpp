@@ -18,9 +18,11 @@
 // `us` is the slowest rank's time (start: the one call; step: the mean over
 // `steps` after `warmup` untimed ones), `calls` the collectives the engine issued
 // per rank in that phase (counted by a counting_communicator), and `correct` says
-// whether ddp's averaged gradients equal a serial double-precision average of every
-// rank's, or whether every rank's fsdp parameters, gathered after the steps, are the
-// same to the bit.
+// whether ddp's parameters after start() are rank 0's and its averaged gradients
+// equal a serial double-precision average of every rank's, whether fsdp's
+// parameters gathered after start() are their initial values, and whether every
+// rank's fsdp parameters, gathered after the steps, are the same to the bit and
+// moved (a check of consistency, not against a reference optimizer).
 
 #include <unison/comm/collectives.hpp>
 #include <unison/comm/counting_communicator.hpp>
@@ -230,7 +232,19 @@ void run_fsdp(unison::mpi_communicator& mpi, const options& o) {
     }
     const double start = timed([&] { engine.start(); });
     const double start_calls = static_cast<double>(comm.total().calls);
-    report(rank, ranks, "fsdp", "start", start, start_calls, "ok");
+    // Every unit, gathered from the shards start() made, holds its initial values
+    // to the bit.
+    bool started = true;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+        engine.before_forward(units[u]);
+        for (std::size_t t = 2 * u; t < 2 * u + 2; ++t) {
+            started = started && value[t].size == initial[t].size() &&
+                      std::memcmp(value[t].data, initial[t].data(),
+                                  initial[t].size() * sizeof(float)) == 0;
+        }
+        engine.after_forward(units[u]);
+    }
+    report(rank, ranks, "fsdp", "start", start, start_calls, everywhere(started) ? "ok" : "wrong");
 
     const auto step = [&](int s) {
         for (const auto& u : units) {
