@@ -1,14 +1,16 @@
 // The MPI backend's exchange schedules (mpi/detail/schedule.hpp), every rank's run in
 // one process: messages travel in order between each pair, as MPI delivers them on
-// one tag, and a step completes once its message has arrived. For every layout of
+// one tag, and a step completes once its messages have arrived. For every layout of
 // ranks on nodes (blocks, round robin, uneven, random), the schedules must pair up
-// without a deadlock or a message left over, and every rank's result must hold
-// every rank's data exactly once.
+// without a deadlock or a message left over, every rank's result must hold every
+// rank's data exactly once, and every rank must have summed in the same order (the
+// same bits): a pair's two operands commute, a group of three sums in its order.
 
 #include <unison/mpi/detail/schedule.hpp>
 
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cstddef>
 #include <deque>
 #include <map>
@@ -26,10 +28,18 @@ using unison::detail::node_layout;
 /// How often each rank's data is in a value.
 using contributions = std::vector<int>;
 
+/// A value: its contributions, and how it was summed ("3", "(0+1)", "(0+1+2)"),
+/// a pair's operands in a canonical order since a + b and b + a are the same bits.
+struct value {
+    contributions from;
+    std::string sum;
+};
+
 struct outcome {
     bool completed = false;  ///< every rank ran every step
     bool leftovers = false;  ///< a message nobody received
     bool exact = true;       ///< every result holds every rank once
+    bool same_order = true;  ///< every rank's result summed in the same order
     int most_steps = 0;      ///< the longest schedule
     int results_written = 0; ///< ranks that wrote their result exactly once
 };
@@ -43,11 +53,11 @@ outcome run(const std::vector<int>& node_of, bool two_level) {
         int at = 0;
         bool posted = false;
         int last_reduce = -1;
-        contributions partial, result;
+        value partial, result;
         int writes = 0;
     };
     std::vector<rank_run> ranks(static_cast<std::size_t>(n));
-    std::map<std::pair<int, int>, std::deque<contributions>> wire; // (from, to)
+    std::map<std::pair<int, int>, std::deque<value>> wire; // (from, to)
     outcome out;
     for (int r = 0; r < n; ++r) {
         rank_run& me = ranks[static_cast<std::size_t>(r)];
@@ -57,8 +67,9 @@ outcome run(const std::vector<int>& node_of, bool two_level) {
             unison::detail::plan_recursive_doubling(r, n, me.plan);
         }
         me.last_reduce = me.plan.last_reduce();
-        me.partial.assign(static_cast<std::size_t>(n), 0);
-        me.partial[static_cast<std::size_t>(r)] = 1;
+        me.partial.from.assign(static_cast<std::size_t>(n), 0);
+        me.partial.from[static_cast<std::size_t>(r)] = 1;
+        me.partial.sum = std::to_string(r);
         out.most_steps = std::max(out.most_steps, me.plan.size());
         if (me.plan.size() == 0) {
             me.result = me.partial; // one rank: the copy
@@ -73,29 +84,47 @@ outcome run(const std::vector<int>& node_of, bool two_level) {
                 continue;
             }
             const exchange_step& s = me.plan[me.at];
-            if (!me.posted) { // the send leaves with the partial result as it is now
-                if (s.send) {
-                    wire[{r, s.peer}].push_back(me.partial);
+            if (!me.posted) { // the sends leave with the partial result as it is now
+                for (int k = 0; s.send && k < s.count; ++k) {
+                    wire[{r, s.peer(k)}].push_back(me.partial);
                 }
                 me.posted = true;
                 moved = true;
             }
             if (s.recv) {
-                auto& q = wire[{s.peer, r}];
-                if (q.empty()) {
+                bool all_here = true;
+                for (int k = 0; k < s.count; ++k) {
+                    all_here = all_here && !wire[{s.peer(k), r}].empty();
+                }
+                if (!all_here) {
                     continue;
                 }
-                const contributions arrived = q.front();
-                q.pop_front();
+                std::vector<value> arrived;
+                for (int k = 0; k < s.count; ++k) {
+                    auto& q = wire[{s.peer(k), r}];
+                    arrived.push_back(q.front());
+                    q.pop_front();
+                }
                 if (s.final) {
-                    me.partial = arrived;
-                    me.result = arrived;
+                    me.partial = arrived[0];
+                    me.result = arrived[0];
                     ++me.writes;
                 } else if (s.reduce) {
-                    for (int k = 0; k < n; ++k) {
-                        me.partial[static_cast<std::size_t>(k)] +=
-                            arrived[static_cast<std::size_t>(k)];
+                    // The group's values in its order, this rank's at its place.
+                    arrived.insert(arrived.begin() + s.place, me.partial);
+                    if (arrived.size() == 2 && arrived[1].sum < arrived[0].sum) {
+                        std::swap(arrived[0], arrived[1]);
                     }
+                    value sum{contributions(static_cast<std::size_t>(n), 0), "("};
+                    for (std::size_t a = 0; a < arrived.size(); ++a) {
+                        for (int k = 0; k < n; ++k) {
+                            sum.from[static_cast<std::size_t>(k)] +=
+                                arrived[a].from[static_cast<std::size_t>(k)];
+                        }
+                        sum.sum += (a == 0 ? "" : "+") + arrived[a].sum;
+                    }
+                    sum.sum += ")";
+                    me.partial = sum;
                     if (me.at == me.last_reduce) {
                         me.result = me.partial;
                         ++me.writes;
@@ -111,7 +140,8 @@ outcome run(const std::vector<int>& node_of, bool two_level) {
     for (const rank_run& me : ranks) {
         out.completed = out.completed && me.at == me.plan.size();
         out.results_written += me.writes == 1 ? 1 : 0;
-        out.exact = out.exact && me.result == contributions(static_cast<std::size_t>(n), 1);
+        out.exact = out.exact && me.result.from == contributions(static_cast<std::size_t>(n), 1);
+        out.same_order = out.same_order && me.result.sum == ranks[0].result.sum;
     }
     for (const auto& [pair, q] : wire) {
         out.leftovers = out.leftovers || !q.empty();
@@ -129,6 +159,7 @@ void check_layout(const std::vector<int>& node_of, const std::string& name) {
         CHECK(o.completed);
         CHECK_FALSE(o.leftovers);
         CHECK(o.exact);
+        CHECK(o.same_order);
         CHECK(o.results_written == n);
         CHECK(o.most_steps <= exchange_plan::capacity);
     }
@@ -178,7 +209,7 @@ TEST_CASE("schedules: two_level sends one message per node across nodes at each 
         unison::detail::plan_two_level(r, node_layout::of(node_of, r), plan);
         int across = 0;
         for (int i = 0; i < plan.size(); ++i) {
-            across += plan[i].peer / 8 != r / 8 ? 1 : 0;
+            across += plan[i].peer() / 8 != r / 8 ? 1 : 0;
         }
         CAPTURE(r);
         CHECK(across == (r % 8 == 0 ? 3 : 0));
@@ -191,4 +222,42 @@ TEST_CASE("schedules: two_level sends one message per node across nodes at each 
     CHECK(l.node_ranks == 8);
     CHECK_FALSE(l.one_node(64));
     CHECK(node_layout::of(std::vector<int>(5, 3), 2).one_node(5));
+}
+
+TEST_CASE("schedules: three times a power of two takes a group of three, others fold") {
+    using unison::detail::doubling_shape_of;
+    // 3, 6, 12, ...: one step of three and log2(n / 3) pairs; no fold.
+    for (int n = 3, steps = 1; n <= 3 * 1024; n *= 2, ++steps) {
+        CAPTURE(n);
+        CHECK(doubling_shape_of(n).three);
+        CHECK(doubling_shape_of(n).participants == n);
+        CHECK(doubling_shape_of(n).steps == steps);
+        for (int r : {0, n / 2, n - 1}) {
+            exchange_plan plan;
+            unison::detail::plan_recursive_doubling(r, n, plan);
+            CHECK(plan.size() == steps);
+            // pairs at distance 1, 2, 4, ... within the third of the ranks r is in
+            const int p = n / 3, i = r % p, third = r / p;
+            for (int s = 0, mask = 1; s + 1 < plan.size(); ++s, mask <<= 1) {
+                CHECK(plan[s].count == 1);
+                CHECK(plan[s].peer() == ((i ^ mask) + p * third));
+            }
+            // then the group: i, i + p and i + 2p, this one at its place
+            const exchange_step& g = plan[plan.size() - 1];
+            CHECK(g.count == 2);
+            CHECK(g.place == third);
+            for (int k = 0, t = 0; t < 3; ++t) {
+                if (t != third) {
+                    CHECK(g.peer(k++) == i + p * t);
+                }
+            }
+        }
+    }
+    // Powers of two and the rest as before: 5 = 4 + a fold, 7 = 4 + 3 folded, ...
+    for (int n : {2, 4, 5, 7, 9, 10, 13, 1000}) {
+        CAPTURE(n);
+        CHECK_FALSE(doubling_shape_of(n).three);
+        CHECK(doubling_shape_of(n).participants ==
+              static_cast<int>(std::bit_floor(static_cast<unsigned>(n))));
+    }
 }

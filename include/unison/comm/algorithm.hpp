@@ -23,16 +23,23 @@ namespace unison {
 /// m b (n-1)/n), ring's second half ((n-1) (a + m b / n)) or native; forcing one of
 /// those forces it there too.
 enum class algorithm : unsigned char {
-    automatic,          ///< the backend's tuning picks one by size and rank count
-    recursive_doubling, ///< log2(n) exchanges of the whole buffer: log2(n) (a + m b)
+    automatic, ///< the backend's tuning picks one by size and rank count
+    /// log2(n) exchanges of the whole buffer: log2(n) (a + m b); on the MPI backend,
+    /// three times a power of two ranks exchange in log2(n / 3) pairs, then in groups
+    /// of three (each buffer to the other two: a + 2 m b), and other rank counts
+    /// fold the ranks beyond a power of two in (2 (a + m b) more)
+    recursive_doubling,
     /// node-aware recursive doubling: a binomial tree inside each node of k ranks
     /// into its lowest rank, recursive doubling among those n/k leaders, the tree
     /// back down: 2 log2(k) (a' + m b') + log2(n/k) (a + m b), a' and b' inside a
     /// node; one message per node crosses the network at each step instead of k.
     two_level,
-    rabenseifner, ///< recursive halving then doubling: 2 log2(n) a + 2 m b (n-1)/n
-    ring,         ///< reduce-scatter and all-gather around a ring: 2 (n-1) (a + m b / n)
-    native,       ///< the underlying library's own call (MPI_Iallreduce), after the checks
+    /// recursive halving then doubling: 2 log2(n) a + 2 m b (n-1)/n; folds as
+    /// recursive_doubling's, or the halving within thirds and a group of three that
+    /// sums the block the three kept (a + 2 (m/p) b, p = n / 3)
+    rabenseifner,
+    ring,   ///< reduce-scatter and all-gather around a ring: 2 (n-1) (a + m b / n)
+    native, ///< the underlying library's own call (MPI_Iallreduce), after the checks
     /// every rank's block sent to the rank that owns it, folded there in rank order,
     /// then all-gathered: 2 (n-1) messages posted at once, 2 (a + m b (n-1)/n) where
     /// the network carries them side by side, 2 (n-1) (a + m b / n) at worst. The

@@ -48,7 +48,8 @@
 
 namespace unison::mpi_tuning {
 
-// Recursive doubling moves the whole buffer log2(n) times in log2(n) messages;
+// Recursive doubling moves the whole buffer log2(n) times in log2(n) messages (three
+// times a power of two ranks: log2(n / 3) steps, then one of three);
 // Rabenseifner twice in 2 log2(n) messages; the ring twice in 2 (n - 1) messages.
 // So recursive doubling wins on small buffers, Rabenseifner from where the extra
 // copies of the buffer cost more than its extra messages, and the ring only where

@@ -3,7 +3,9 @@
 /// \file
 /// The first exchange of every collective of the MPI backend: each rank's call
 /// signature travels to every other rank by recursive doubling of point-to-point
-/// messages, so that a call that differs across ranks (count, dtype, op, root,
+/// messages (schedule.hpp: for three times a power of two ranks, doubling within
+/// each third of the ranks, then groups of three, whose members each send to the
+/// other two), so that a call that differs across ranks (count, dtype, op, root,
 /// operation, tag, sequence) is a `mismatch_error` on every rank before any user
 /// buffer is handed to MPI. Small all-reduces ride along: their data follows the
 /// header in the same messages and is reduced at each step, so for them the check
@@ -12,7 +14,8 @@
 /// A rank that finds a difference keeps to the schedule but sends the fault (both
 /// signatures and ranks) instead of data, so every rank hears of it within the
 /// same exchange and throws a mismatch_error. When one rank is the odd one out,
-/// every rank names the same pair; when several pairs differ from the start (half
+/// every rank names the same pair (in a group of three, each member sees all three
+/// headers and keeps the lowest pair that differs); when several pairs differ from the start (half
 /// the ranks with one count, half with another), groups of ranks may name
 /// different pairs. Messages are received into staging
 /// buffers large enough for any well-formed message, so a peer that sends more
@@ -248,20 +251,6 @@ public:
         tag_ = tag;
         call_ = &call;
         fused_ = fused;
-        const std::size_t staging = mpi_staging_bytes(fused ? bytes() : 0);
-        for (std::vector<std::byte>* v : {&send_stage, &recv_stage}) {
-            if (v->size() < std::max(staging, mpi_whole_message_max_bytes)) {
-                v->resize(std::max(staging, mpi_whole_message_max_bytes));
-            }
-        }
-        send_ = send_stage.data();
-        recv_stage_ = &recv_stage;
-        recv_ = recv_stage.data();
-        label_ = label;
-        faulted_ = false;
-        result_written_ = false;
-        mine_ = mpi_call_header{signature_of(call), sequence, 0, static_cast<std::uint32_t>(algo),
-                                fused ? bytes() : 0};
         if (fused && algo == algorithm::two_level) {
             plan_two_level(rank, nodes, plan_);
         } else {
@@ -269,6 +258,28 @@ public:
         }
         steps_ = plan_.size();
         last_reduce_ = plan_.last_reduce();
+        // One staging slot per peer of the widest step, each large enough for any
+        // well-formed message and 64-byte aligned (the data follows 8-byte headers).
+        int slots = 1;
+        for (int i = 0; i < steps_; ++i) {
+            slots = std::max(slots, plan_[i].count);
+        }
+        const std::size_t staging =
+            std::max(mpi_staging_bytes(fused ? bytes() : 0), mpi_whole_message_max_bytes);
+        slot_bytes_ = (staging + 63) / 64 * 64;
+        if (send_stage.size() < staging) {
+            send_stage.resize(staging);
+        }
+        if (recv_stage.size() < slot_bytes_ * static_cast<std::size_t>(slots)) {
+            recv_stage.resize(slot_bytes_ * static_cast<std::size_t>(slots));
+        }
+        send_ = send_stage.data();
+        recv_ = recv_stage.data();
+        label_ = label;
+        faulted_ = false;
+        result_written_ = false;
+        mine_ = mpi_call_header{signature_of(call), sequence, 0, static_cast<std::uint32_t>(algo),
+                                fused ? bytes() : 0};
         std::memcpy(send_, &mine_, mpi_header_bytes);
         if (fused_ && bytes() != 0) {
             std::memcpy(send_ + mpi_header_bytes, call.send, bytes());
@@ -284,32 +295,10 @@ public:
     bool progress() {
         while (current_ < steps_) {
             const exchange_step& s = plan_[current_];
-            int flag = 0;
-            if (s.recv && !first_arrived_) {
-                // Post the receive of a second message, if the peer's header announces
-                // one, before waiting for this rank's own sends: a large send may
-                // complete only once the peer has posted its receive. When this
-                // rank's message is one (small calls), one MPI call per poll tests it
-                // with the peer's first message: polls are what small steps cost.
-                std::array<MPI_Request, 2> both = {recvs_[0], MPI_REQUEST_NULL};
-                const int tested = sends_.size() == 1 ? 2 : 1;
-                if (tested == 2) {
-                    both[1] = sends_[0];
-                }
-                std::array<MPI_Status, 2> status;
-                UNISON_CHECK_MPI(MPI_Testall(tested, both.data(), &flag, status.data()), rank_,
-                                 label_->str());
-                recvs_[0] = both[0];
-                if (tested == 2) {
-                    sends_[0] = both[1];
-                }
-                if (flag == 0) {
-                    return false;
-                }
-                first_arrived_ = true;
-                receive_first(s, status[0]);
+            if (s.recv && arrived_ < s.count && !poll_first_messages(s)) {
+                return false;
             }
-            if (!test_all(recvs_) || !test_all(sends_)) {
+            if (!test_all(rests_) || !test_all(sends_)) {
                 return false;
             }
             if (s.recv) {
@@ -331,14 +320,11 @@ public:
 
     /// True when nothing of this handshake is in MPI's hands.
     bool idle() const noexcept {
-        for (const auto* v : {&recvs_, &sends_}) {
-            for (const MPI_Request& r : *v) {
-                if (r != MPI_REQUEST_NULL) {
-                    return false;
-                }
-            }
-        }
-        return true;
+        const auto none = [](const auto& requests) {
+            return std::all_of(requests.begin(), requests.end(),
+                               [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
+        };
+        return none(firsts_) && none(rests_) && none(sends_);
     }
 
     /// The rank whose message this rank is waiting for, or -1.
@@ -347,25 +333,30 @@ public:
             return -1;
         }
         const exchange_step& s = plan_[current_];
-        return s.recv ? s.peer : -1;
+        if (!s.recv) {
+            return -1;
+        }
+        for (int i = 0; i < s.count; ++i) {
+            if (firsts_[static_cast<std::size_t>(i)] != MPI_REQUEST_NULL) {
+                return s.peer(i);
+            }
+        }
+        for (std::size_t i = 0; i < rests_.size(); ++i) {
+            if (rests_[i] != MPI_REQUEST_NULL) {
+                return s.peer(rest_peers_[i]);
+            }
+        }
+        return s.peer();
     }
 
     /// Cancels what is still posted (after a timeout, when the call is abandoned).
     /// Only the staging buffers are in MPI's hands, never the user's.
     void cancel() noexcept {
-        for (MPI_Request& r : recvs_) {
-            if (r != MPI_REQUEST_NULL) {
-                // A receive already matched cannot be cancelled and completes only
-                // when its sender makes progress: give it a moment, then leave it
-                // (the caller keeps the staging buffers alive).
-                MPI_Cancel(&r);
-                int flag = 0;
-                const auto until =
-                    std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-                while (flag == 0 && std::chrono::steady_clock::now() < until) {
-                    MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
-                }
-            }
+        for (MPI_Request& r : firsts_) {
+            cancel_receive(r);
+        }
+        for (MPI_Request& r : rests_) {
+            cancel_receive(r);
         }
         for (MPI_Request& r : sends_) {
             if (r != MPI_REQUEST_NULL) {
@@ -378,34 +369,102 @@ public:
 private:
     std::size_t bytes() const noexcept { return call_->count * size_of(call_->type); }
 
-    /// Posts the current step: the receive of the peer's first message, and this
-    /// rank's message, in two parts when its data does not fit in the first.
+    /// The staging slot of the current step's peer `i`.
+    std::byte* slot(int i) const noexcept {
+        return recv_ + slot_bytes_ * static_cast<std::size_t>(i);
+    }
+
+    static void cancel_receive(MPI_Request& r) noexcept {
+        if (r == MPI_REQUEST_NULL) {
+            return;
+        }
+        // A receive already matched cannot be cancelled and completes only when its
+        // sender makes progress: give it a moment, then leave it (the caller keeps
+        // the staging buffers alive).
+        MPI_Cancel(&r);
+        int flag = 0;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        while (flag == 0 && std::chrono::steady_clock::now() < until) {
+            MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+        }
+    }
+
+    /// Posts the current step: the receive of each peer's first message, and this
+    /// rank's message to each peer, in two parts when its data does not fit in the
+    /// first (the same buffer for every peer).
     void post() {
         const exchange_step& s = plan_[current_];
-        recvs_.clear();
+        firsts_.fill(MPI_REQUEST_NULL);
+        rests_.clear();
+        rest_peers_.clear();
         sends_.clear();
-        first_arrived_ = false;
+        arrived_ = 0;
         if (s.recv) {
-            recvs_.push_back(MPI_REQUEST_NULL);
-            UNISON_CHECK_MPI(MPI_Irecv(recv_, static_cast<int>(mpi_whole_message_max_bytes),
-                                       MPI_BYTE, s.peer, tag_, comm_, &recvs_.back()),
-                             rank_, label_->str());
+            for (int i = 0; i < s.count; ++i) {
+                UNISON_CHECK_MPI(MPI_Irecv(slot(i), static_cast<int>(mpi_whole_message_max_bytes),
+                                           MPI_BYTE, s.peer(i), tag_, comm_,
+                                           &firsts_[static_cast<std::size_t>(i)]),
+                                 rank_, label_->str());
+            }
         }
         if (s.send) {
             const std::size_t whole =
                 mpi_header_bytes + (faulted_ ? sizeof(mpi_call_fault) : mine_.following);
             const std::size_t first = mpi_first_part(whole);
-            sends_.push_back(MPI_REQUEST_NULL);
-            UNISON_CHECK_MPI(MPI_Isend(send_, static_cast<int>(first), MPI_BYTE, s.peer, tag_,
-                                       comm_, &sends_.back()),
-                             rank_, label_->str());
-            for_each_segment(whole - first, [&](std::size_t at, std::size_t len) {
+            for (int i = 0; i < s.count; ++i) {
                 sends_.push_back(MPI_REQUEST_NULL);
-                UNISON_CHECK_MPI(MPI_Isend(send_ + first + at, static_cast<int>(len), MPI_BYTE,
-                                           s.peer, tag_, comm_, &sends_.back()),
+                UNISON_CHECK_MPI(MPI_Isend(send_, static_cast<int>(first), MPI_BYTE, s.peer(i),
+                                           tag_, comm_, &sends_.back()),
                                  rank_, label_->str());
-            });
+                for_each_segment(whole - first, [&](std::size_t at, std::size_t len) {
+                    sends_.push_back(MPI_REQUEST_NULL);
+                    UNISON_CHECK_MPI(MPI_Isend(send_ + first + at, static_cast<int>(len), MPI_BYTE,
+                                               s.peer(i), tag_, comm_, &sends_.back()),
+                                     rank_, label_->str());
+                });
+            }
         }
+    }
+
+    /// Tests the peers' first messages (one MPI call), and posts the receive of a
+    /// second message wherever a header announces one, before waiting for this
+    /// rank's own sends: a large send may complete only once the peer has posted its
+    /// receive. With one peer and this rank's message in one piece (small calls),
+    /// the same call tests the send too: polls are what small steps cost. True once
+    /// every first message is here.
+    bool poll_first_messages(const exchange_step& s) {
+        if (s.count == 1) {
+            std::array<MPI_Request, 2> both = {firsts_[0], MPI_REQUEST_NULL};
+            const int tested = sends_.size() == 1 ? 2 : 1;
+            if (tested == 2) {
+                both[1] = sends_[0];
+            }
+            std::array<MPI_Status, 2> status;
+            int flag = 0;
+            UNISON_CHECK_MPI(MPI_Testall(tested, both.data(), &flag, status.data()), rank_,
+                             label_->str());
+            firsts_[0] = both[0];
+            if (tested == 2) {
+                sends_[0] = both[1];
+            }
+            if (flag == 0) {
+                return false;
+            }
+            arrived_ = 1;
+            receive_first(s, 0, status[0]);
+            return true;
+        }
+        std::array<int, max_step_peers> which{};
+        std::array<MPI_Status, max_step_peers> status;
+        int done = 0;
+        UNISON_CHECK_MPI(MPI_Testsome(s.count, firsts_.data(), &done, which.data(), status.data()),
+                         rank_, label_->str());
+        for (int k = 0; k < done && done != MPI_UNDEFINED; ++k) {
+            ++arrived_;
+            receive_first(s, which[static_cast<std::size_t>(k)],
+                          status[static_cast<std::size_t>(k)]);
+        }
+        return arrived_ == s.count;
     }
 
     /// True once `requests` are complete; no MPI call when they are already.
@@ -421,63 +480,101 @@ private:
         return flag != 0;
     }
 
-    /// The peer's first message: its header says whether a second one follows, and
-    /// that one is received whatever else the header says (into staging grown to its
-    /// announced size), so that no message of this call is left behind for a later
-    /// call to match.
-    void receive_first(const exchange_step& s, const MPI_Status& status) {
+    /// Peer `i`'s first message: its header says whether a second one follows, and
+    /// that one is received whatever else the header says, so that no message of
+    /// this call is left behind for a later call to match: into the peer's slot
+    /// after the first, or, when it announces more than the slot holds (only a peer
+    /// whose call differs does), into a buffer of its own whose data is never read.
+    void receive_first(const exchange_step& s, int i, const MPI_Status& status) {
+        const auto at_peer = static_cast<std::size_t>(i);
+        const int peer = s.peer(i);
         int got = 0;
         MPI_Get_count(&status, MPI_BYTE, &got);
         const auto n = static_cast<std::size_t>(got);
         if (n < mpi_header_bytes) {
             throw mismatch_error(rank_, label_->str(),
-                                 "rank " + std::to_string(s.peer) + " sent a " + std::to_string(n) +
+                                 "rank " + std::to_string(peer) + " sent a " + std::to_string(n) +
                                      "-byte message where a call header was due: it is not "
                                      "running this collective",
-                                 s.peer, "operation");
+                                 peer, "operation");
         }
-        std::memcpy(&theirs_, recv_, mpi_header_bytes);
-        first_bytes_ = n;
-        const std::size_t whole = mpi_staging_bytes(
-            theirs_.faulted != 0 ? 0 : static_cast<std::size_t>(theirs_.following));
+        mpi_call_header& theirs = theirs_[at_peer];
+        std::memcpy(&theirs, slot(i), mpi_header_bytes);
+        first_bytes_[at_peer] = n;
         const std::size_t sent =
-            mpi_header_bytes + (theirs_.faulted != 0 ? sizeof(mpi_call_fault)
-                                                     : static_cast<std::size_t>(theirs_.following));
+            mpi_header_bytes + (theirs.faulted != 0 ? sizeof(mpi_call_fault)
+                                                    : static_cast<std::size_t>(theirs.following));
         if (sent > n && n == mpi_first_part(sent)) { // cut as this side cuts: a rest follows
-            if (recv_stage_->size() < whole) {
-                recv_stage_->resize(whole); // only a peer whose call differs sends more
-                recv_ = recv_stage_->data();
+            std::byte* into = slot(i) + n;
+            if (sent > slot_bytes_) {
+                std::vector<std::byte>& drain = drains_[at_peer];
+                if (drain.size() < sent - n) {
+                    drain.resize(sent - n);
+                }
+                into = drain.data();
             }
             const int rest_tag =
-                theirs_.faulted != 0 ? tag_ : mpi_rest_tag(theirs_.algorithm, theirs_.sequence);
+                theirs.faulted != 0 ? tag_ : mpi_rest_tag(theirs.algorithm, theirs.sequence);
             for_each_segment(sent - n, [&](std::size_t at, std::size_t len) {
-                recvs_.push_back(MPI_REQUEST_NULL);
-                UNISON_CHECK_MPI(MPI_Irecv(recv_ + n + at, static_cast<int>(len), MPI_BYTE, s.peer,
-                                           rest_tag, comm_, &recvs_.back()),
+                rests_.push_back(MPI_REQUEST_NULL);
+                rest_peers_.push_back(i);
+                UNISON_CHECK_MPI(MPI_Irecv(into + at, static_cast<int>(len), MPI_BYTE, peer,
+                                           rest_tag, comm_, &rests_.back()),
                                  rank_, label_->str());
             });
         }
     }
 
-    /// The peer's whole message is here: compare the calls, then reduce its data.
+    /// Every peer's whole message is here: compare the calls, then reduce their
+    /// data. Every member of a step's group sees the same headers and faults, so
+    /// each keeps the same fault: the lowest pair of ranks of those the members
+    /// carry in and of the members whose calls differ.
     void receive(const exchange_step& s) {
-        const mpi_call_header& theirs = theirs_;
-        const std::size_t n = first_bytes_;
-        if (theirs.faulted != 0 && n >= mpi_header_bytes + sizeof(mpi_call_fault)) {
-            mpi_call_fault f;
-            std::memcpy(&f, recv_ + mpi_header_bytes, sizeof(mpi_call_fault));
-            if (replaces(faulted_, fault_, f)) {
-                fault_ = f;
-                set_faulted();
+        bool found = faulted_;
+        mpi_call_fault fault = fault_;
+        const auto keep = [&](const mpi_call_fault& f) {
+            if (replaces(found, fault, f)) {
+                fault = f;
+                found = true;
             }
-            return;
+        };
+        std::array<const mpi_call_header*, max_step_peers + 1> calls{};
+        std::array<int, max_step_peers + 1> ranks{};
+        int members = 0;
+        if (!faulted_) {
+            calls[0] = &mine_;
+            ranks[0] = rank_;
+            members = 1;
         }
-        if (faulted_) {
-            return; // already failing; keep to the schedule so every rank hears
+        for (int i = 0; i < s.count; ++i) {
+            const auto at_peer = static_cast<std::size_t>(i);
+            const mpi_call_header& theirs = theirs_[at_peer];
+            if (theirs.faulted == 0) {
+                calls[static_cast<std::size_t>(members)] = &theirs;
+                ranks[static_cast<std::size_t>(members++)] = s.peer(i);
+            } else if (first_bytes_[at_peer] >= mpi_header_bytes + sizeof(mpi_call_fault)) {
+                mpi_call_fault f;
+                std::memcpy(&f, slot(i) + mpi_header_bytes, sizeof(mpi_call_fault));
+                keep(f);
+            } else {
+                throw mismatch_error(rank_, label_->str(),
+                                     "rank " + std::to_string(s.peer(i)) +
+                                         " sent a fault too short to read: it is not running "
+                                         "this collective",
+                                     s.peer(i), "operation");
+            }
         }
-        if (!same_call(mine_, theirs)) {
-            fault_ = fault_between(rank_, mine_, s.peer, theirs);
-            set_faulted();
+        for (int a = 0; a < members; ++a) {
+            for (int b = a + 1; b < members; ++b) {
+                const auto x = static_cast<std::size_t>(a), y = static_cast<std::size_t>(b);
+                if (!same_call(*calls[x], *calls[y])) {
+                    keep(fault_between(ranks[x], *calls[x], ranks[y], *calls[y]));
+                }
+            }
+        }
+        if (found) {
+            fault_ = fault;
+            set_faulted(); // already failing, or now: keep to the schedule so every rank hears
             return;
         }
         if (!fused_ || bytes() == 0) {
@@ -485,8 +582,8 @@ private:
         }
         const collective_call& c = *call_;
         std::byte* partial = send_ + mpi_header_bytes;
-        const std::byte* arrived = recv_ + mpi_header_bytes;
         if (s.final) {
+            const std::byte* arrived = slot(0) + mpi_header_bytes;
             if (current_ + 1 < steps_) {
                 std::memcpy(partial, arrived, bytes()); // passed on down the tree
             }
@@ -497,9 +594,15 @@ private:
         const bool last = current_ == last_reduce_;
         const bool passes_on = last && current_ + 1 < steps_;
         void* out = last && !passes_on ? c.recv : partial;
-        const void* inputs[2] = {partial, arrived};
+        // The group's partial results in the group's order (a pair's two in either:
+        // they commute), so that every member computes the same bits.
+        std::array<const void*, max_step_peers + 1> inputs{};
+        for (int k = 0, i = 0; k <= s.count; ++k) {
+            inputs[static_cast<std::size_t>(k)] =
+                k == s.place ? static_cast<const void*>(partial) : slot(i++) + mpi_header_bytes;
+        }
         void* outputs[1] = {out};
-        host_reduce(c.type, c.reduction, inputs, 2, outputs, 1, c.count,
+        host_reduce(c.type, c.reduction, inputs.data(), s.count + 1, outputs, 1, c.count,
                     last && c.reduction == reduce_op::avg ? size_ : 1);
         if (last) {
             if (passes_on) {
@@ -522,20 +625,25 @@ private:
     const collective_call* call_ = nullptr;
     bool fused_ = false;
     std::byte* send_ = nullptr;
-    std::byte* recv_ = nullptr;
+    std::byte* recv_ = nullptr; ///< one slot of slot_bytes_ per peer of a step
+    std::size_t slot_bytes_ = 0;
     const call_label* label_ = nullptr;
     mpi_call_header mine_;
-    mpi_call_header theirs_;      ///< the current step's peer header
-    std::size_t first_bytes_ = 0; ///< bytes of the peer's first message
-    bool first_arrived_ = false;
+    std::array<mpi_call_header, max_step_peers> theirs_{};  ///< the current step's peers' headers
+    std::array<std::size_t, max_step_peers> first_bytes_{}; ///< bytes of their first messages
+    int arrived_ = 0;                                       ///< first messages received
     bool faulted_ = false;
     bool result_written_ = false;
     mpi_call_fault fault_;
     exchange_plan plan_;
     int steps_ = 0, current_ = 0, last_reduce_ = -1;
-    std::vector<std::byte>* recv_stage_ = nullptr;
-    /// Receives of the peer's first message and the rest of it, sends of this rank's.
-    std::vector<MPI_Request> recvs_, sends_;
+    /// Receives of each peer's first message, of the rests (and whose: the peer's
+    /// index in the step), and sends of this rank's message.
+    std::array<MPI_Request, max_step_peers> firsts_{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    std::vector<MPI_Request> rests_, sends_;
+    std::vector<int> rest_peers_;
+    /// Rests larger than a slot (from peers whose calls differ), drained unread.
+    std::array<std::vector<std::byte>, max_step_peers> drains_;
 };
 
 } // namespace unison::detail

@@ -6,13 +6,22 @@
 /// doubling, 2 log2(p) messages and twice the data instead of the ring's 2 (n - 1)
 /// messages. Ranks beyond the largest power of two p fold in first, as in the
 /// handshake (handshake.hpp): each even one of the first 2 (n - p) ranks hands its
-/// whole buffer to the odd one after it and gets the result back at the end.
+/// whole buffer to the odd one after it and gets the result back at the end. Three
+/// times a power of two ranks fold nothing: the halving runs within each third of
+/// the ranks (p = n / 3 of them, participants i + p t of third t), so that the
+/// three ranks i, i + p and i + 2p end holding the same block, each summed over its
+/// own third; they send it to each other and sum the three in that order (one step
+/// of a p-th of the buffer where the fold costs two of the whole), and the doubling
+/// runs within the thirds again. The reduce_scatter and the all_gather below do the
+/// same (the all_gather doubles within its third, then swaps thirds).
 ///
 /// The call check rides along instead of running first: every message of the fold
 /// and of the reduce-scatter starts with the call header (handshake.hpp's
 /// two-message convention: the header and the first bytes of data, then the rest),
-/// and the reduce-scatter's partners are the handshake's, in its order (distance 1,
-/// 2, 4, ...). A rank that finds a difference sends the fault instead of data from
+/// and the reduce-scatter's partners are the handshake's, in its order (the fold,
+/// distance 1, 2, 4, ... within a third when there are thirds, the group of three),
+/// so that ranks whose calls take different algorithms still meet and see the
+/// difference. A rank that finds a difference sends the fault instead of data from
 /// then on; by the end of the reduce-scatter every rank has heard of it or none
 /// has (at the first step where some partners differ, every rank of the subcube
 /// that differs sees it, and later steps carry it across the remaining
@@ -50,6 +59,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <cstddef>
@@ -83,8 +93,10 @@ public:
           label_(label), es_(size_of(call.type)) {
         mine_ = mpi_call_header{signature_of(call), sequence, 0, static_cast<std::uint32_t>(algo),
                                 call.count * es_};
-        p_ = static_cast<int>(std::bit_floor(static_cast<unsigned>(size)));
-        const int rem = size - p_;
+        const doubling_shape shape = doubling_shape_of(size);
+        unit_ = shape.three ? 3 : 1;
+        p_ = shape.participants / unit_;
+        const int rem = size - shape.participants;
         scatter_ = call.op == operation::reduce_scatter;
         gather_ = call.op == operation::all_gather;
         total_ = scatter_ || gather_ ? call.count * static_cast<std::size_t>(size) : call.count;
@@ -96,15 +108,21 @@ public:
             return;
         }
         // A reduce_scatter's partial sums start as the whole input, in slot order.
-        if (rank < 2 * rem) { // folds in: the odd one reduces a whole buffer, the even none
+        if (unit_ == 3 && p_ == 1) { // three ranks: the group alone, on whole buffers
+            incoming_elems_ = 2 * total_;
+            partial_elems_ = total_;
+        } else if (rank < 2 * rem) { // folds in: the odd one reduces a whole buffer, the even none
             incoming_elems_ = rank % 2 == 1 ? total_ : 0;
             partial_elems_ = scatter_ ? total_ : incoming_elems_;
         } else if (p_ > 1) { // the first half it keeps
             const std::size_t mid = lo(p_ / 2);
-            const bool lower = ((rank - rem) & 1) == 0;
+            const bool lower = (((rank - rem) % p_) & 1) == 0;
             incoming_elems_ = lower ? mid : total_ - mid;
             partial_elems_ = scatter_ ? total_ : incoming_elems_;
             partial_base_ = scatter_ || lower ? 0 : mid;
+        }
+        if (unit_ == 3) { // the group of three receives two of the halving's blocks
+            incoming_elems_ = std::max(incoming_elems_, 2 * (lo(1) - lo(0) + 1));
         }
     }
     mpi_rabenseifner(const mpi_rabenseifner&) = delete;
@@ -115,7 +133,7 @@ public:
     /// all_gather's whole output) and the largest half it receives, each with the
     /// room to start at the offset within a cache line of the memory it mirrors.
     std::size_t scratch_bytes() const noexcept {
-        return (partial_elems_ + incoming_elems_) * es_ + 2 * cache_line_bytes;
+        return (partial_elems_ + incoming_elems_) * es_ + (unit_ + 1) * cache_line_bytes;
     }
 
     /// Posts the first step. `scratch` holds scratch_bytes() and `send_stage` and
@@ -132,10 +150,13 @@ public:
         incoming_ = partial_ + partial_elems_ * es_;
         if (scatter_) { // the input, in slot order
             const auto* in = static_cast<const std::byte*>(call_.send);
+            const std::size_t block = call_.count * es_;
             for (int s = 0; s < p_; ++s) {
-                const std::size_t bytes = (lo(s + 1) - lo(s)) * es_;
-                if (bytes != 0) {
-                    std::memcpy(scratch_partial(lo(s)), in + slot_source_[s] * es_, bytes);
+                const auto at = static_cast<std::size_t>(s);
+                for (int k = 0; k < slot_ranks_[at] && block != 0; ++k) {
+                    const auto r = static_cast<std::size_t>(slot_rank_[at] + k * slot_stride_);
+                    std::memcpy(scratch_partial(lo(s)) + static_cast<std::size_t>(k) * block,
+                                in + r * block, block);
                 }
             }
         }
@@ -148,10 +169,13 @@ public:
         } else {
             plan();
         }
-        for (std::vector<std::byte>* v : {&send_stage, &recv_stage}) {
-            if (v->size() < mpi_whole_message_max_bytes) {
-                v->resize(mpi_whole_message_max_bytes);
-            }
+        if (send_stage.size() < mpi_whole_message_max_bytes) {
+            send_stage.resize(mpi_whole_message_max_bytes);
+        }
+        // A first message from each peer of a step: two in a group of three.
+        const std::size_t firsts = (unit_ == 3 ? 2 : 1) * mpi_whole_message_max_bytes;
+        if (recv_stage.size() < firsts) {
+            recv_stage.resize(firsts);
         }
         send_stage_ = send_stage.data();
         recv_stage_ = &recv_stage;
@@ -165,6 +189,23 @@ public:
     bool progress() {
         while (current_ < steps_.size()) {
             const step& s = steps_[current_];
+            if (s.checked && s.peer2 >= 0 && !first_arrived_) {
+                // A group of three: one call tests both first messages.
+                std::array<int, 2> which{};
+                std::array<MPI_Status, 2> status;
+                int done = 0;
+                UNISON_CHECK_MPI(MPI_Testsome(2, recvs_.data(), &done, which.data(), status.data()),
+                                 rank_, label_.str());
+                for (int k = 0; k < done && done != MPI_UNDEFINED; ++k) {
+                    ++firsts_arrived_;
+                    receive_first(s, which[static_cast<std::size_t>(k)],
+                                  status[static_cast<std::size_t>(k)]);
+                }
+                if (firsts_arrived_ < 2) {
+                    return false;
+                }
+                first_arrived_ = true;
+            }
             if (s.checked && s.recv_bytes != no_recv && !first_arrived_) {
                 // The rest of the peer's message is received once its header says
                 // where it goes, before this rank's own sends are waited for. When
@@ -190,7 +231,7 @@ public:
                     return false;
                 }
                 first_arrived_ = true;
-                receive_first(s, status[0]);
+                receive_first(s, 0, status[0]);
             }
             if (!test_all(recvs_) || !test_all(sends_)) {
                 return false;
@@ -204,7 +245,7 @@ public:
         if (faulted_) {
             throw_fault(rank_, label_.str(), fault_);
         }
-        if ((scatter_ || gather_) && own_block_.bytes != 0) {
+        if ((scatter_ || gather_ || copy_at_end_) && own_block_.bytes != 0) {
             std::memcpy(own_block_.out, own_block_.from, own_block_.bytes);
         }
         return true;
@@ -228,6 +269,10 @@ public:
             return -1;
         }
         const step& s = steps_[current_];
+        if (s.checked && s.peer2 >= 0 && recvs_.size() > 1 && recvs_[0] == MPI_REQUEST_NULL &&
+            recvs_[1] != MPI_REQUEST_NULL) {
+            return s.peer2; // the first peer's first message is here, the second's is not
+        }
         return s.recv_bytes != no_recv ? s.peer : -1;
     }
 
@@ -250,6 +295,12 @@ private:
     /// nothing but, on a checked step, the header.
     struct step {
         int peer = -1;
+        /// A group of three (three times a power of two ranks): the second peer, which
+        /// gets the same message; its data arrives in recv2. The three partial
+        /// results fold in the group's order, this rank's at `place`.
+        int peer2 = -1;
+        std::byte* recv2 = nullptr;
+        int place = 0;
         bool checked = false;       ///< the call header travels first (fold, reduce-scatter)
         bool writes_output = false; ///< receives into the caller's output
         bool copy_block = false;    ///< first all-gather step: the own block to the output
@@ -303,29 +354,59 @@ private:
 
     /// A reduce_scatter's slots: slot s holds the blocks of the halving's rank v, s
     /// with its log2(p) bits reversed (the blocks of ranks 2v and 2v + 1 when v folds
-    /// in, of rank v + (n - p) otherwise), so that each rank ends with its own.
+    /// in, of rank v + (n - p) otherwise; of ranks v, v + p and v + 2p, in that order,
+    /// when a group of three ends the halving), so that each rank ends with its own.
     void lay_out_slots() {
-        const int rem = size_ - p_;
+        const int rem = size_ - unit_ * p_;
         const int bits = std::countr_zero(static_cast<unsigned>(p_));
         slot_lo_.assign(static_cast<std::size_t>(p_) + 1, 0);
-        slot_source_.assign(static_cast<std::size_t>(p_), 0);
+        slot_rank_.assign(static_cast<std::size_t>(p_), 0);
+        slot_ranks_.assign(static_cast<std::size_t>(p_), 1);
+        slot_stride_ = unit_ == 3 ? p_ : 1;
         for (int s = 0; s < p_; ++s) {
             int v = 0;
             for (int bit = 0; bit < bits; ++bit) {
                 v |= ((s >> bit) & 1) << (bits - 1 - bit);
             }
-            const int first = v < rem ? 2 * v : v + rem;
-            const std::size_t blocks = v < rem ? 2 : 1;
             const auto at = static_cast<std::size_t>(s);
-            slot_source_[at] = static_cast<std::size_t>(first) * call_.count;
-            slot_lo_[at + 1] = slot_lo_[at] + blocks * call_.count;
+            slot_rank_[at] = v < rem ? 2 * v : v + rem;
+            slot_ranks_[at] = unit_ == 3 ? 3 : v < rem ? 2 : 1;
+            slot_lo_[at + 1] =
+                slot_lo_[at] + static_cast<std::size_t>(slot_ranks_[at]) * call_.count;
         }
+    }
+
+    /// The step of a group of three: the same `elems` from `from` to the two others
+    /// of the group, `a` and `b` (the group's order without this rank, which is at
+    /// `place`), theirs into `recv` and `recv2`.
+    static step group_step(int place, int a, int b, const std::byte* from, std::size_t elems,
+                           std::byte* recv, std::byte* recv2, std::size_t recv_bytes) noexcept {
+        step s;
+        s.place = place;
+        s.peer = a;
+        s.peer2 = b;
+        s.checked = true;
+        s.sends = true;
+        s.send = from;
+        s.send_elems = elems;
+        s.recv = recv;
+        s.recv2 = recv2;
+        s.recv_bytes = recv_bytes;
+        return s;
+    }
+
+    /// The group of three of participant `me` (of p_ per third): its place, and the
+    /// other two, i + p t for the places t it does not hold, in order.
+    std::array<int, 3> group_of(int me) const noexcept {
+        const int place = me / p_, i = me % p_;
+        const int a = i + p_ * (place == 0 ? 1 : 0), b = i + p_ * (place == 2 ? 1 : 2);
+        return {place, a, b};
     }
 
     /// The all_gather: recursive doubling, each step a checked exchange of the run
     /// of blocks each side holds.
     void plan_gather() {
-        const int rem = size_ - p_;
+        const int rem = size_ - unit_ * p_;
         const std::size_t block = call_.count;
         auto* out = static_cast<std::byte*>(call_.recv);
         own_block_ = {};
@@ -346,10 +427,13 @@ private:
         if (folds) {
             steps_.push_back(take_from(rank_ - 1, scratch_partial(first(me)), block * es_, false));
         }
+        // Within this rank's third (all of them when none is three), participants
+        // base + i: runs of its blocks double; then a group of three swaps thirds.
+        const int i = me % p_, base = me - i;
         for (int mask = 1; mask < p_; mask <<= 1) {
-            const int mine = me & ~(mask - 1), theirs = (me ^ mask) & ~(mask - 1);
+            const int mine = base + (i & ~(mask - 1)), theirs = base + ((i ^ mask) & ~(mask - 1));
             step s;
-            s.peer = real(me ^ mask);
+            s.peer = real(base + (i ^ mask));
             s.checked = true;
             s.sends = true;
             s.send = scratch_partial(first(mine));
@@ -358,6 +442,14 @@ private:
             s.recv_bytes = (first(theirs + mask) - first(theirs)) * es_;
             steps_.push_back(s);
         }
+        if (unit_ == 3) { // each third's run to the other two thirds
+            const auto [place, a, b] = group_of(me);
+            const int a0 = a - i, b0 = b - i; // the first participants of their thirds
+            steps_.push_back(group_step(place, real(a), real(b), scratch_partial(first(base)),
+                                        first(base + p_) - first(base), scratch_partial(first(a0)),
+                                        scratch_partial(first(b0)),
+                                        (first(a0 + p_) - first(a0)) * es_));
+        }
         own_block_ = {partial_, out, total_ * es_};
         if (folds) {
             steps_.push_back(give_to(rank_ - 1, partial_, total_));
@@ -365,7 +457,7 @@ private:
     }
 
     void plan() {
-        const int rem = size_ - p_;
+        const int rem = size_ - unit_ * p_;
         const std::size_t count = total_;
         // A reduce_scatter reads its input from the slot-ordered copy.
         const auto* in = scatter_ ? partial_ : static_cast<const std::byte*>(call_.send);
@@ -393,6 +485,10 @@ private:
             steps_.push_back(take);
             source = scratch_partial(0);
         }
+        // Within this rank's third (all of them when none is three), participants
+        // base + i: the halving; then a group of three sums the thirds' partial sums
+        // of the block they all kept.
+        const int i = me % p_, base = me - i;
         // Reduce-scatter by recursive halving: the range of blocks [b, b + width)
         // halves at each step; the lower rank of a pair keeps the lower half.
         struct halving {
@@ -403,9 +499,9 @@ private:
         int b = 0, width = p_;
         for (int mask = 1; mask < p_; mask <<= 1) {
             const int half = width / 2;
-            const bool lower = (me & mask) == 0;
+            const bool lower = (i & mask) == 0;
             const int kept = lower ? b : b + half, sent = lower ? b + half : b;
-            halvings.push_back({real(me ^ mask), kept, half, sent});
+            halvings.push_back({real(base + (i ^ mask)), kept, half, sent});
             b = kept;
             width = half;
         }
@@ -425,15 +521,34 @@ private:
             s.reduce_in = from_input ? in + kept_lo * es_ : scratch_partial(kept_lo - partial_base);
             s.reduce_out = scratch_partial(kept_lo - partial_base);
             s.reduce_elems = kept_hi - kept_lo;
-            s.last_reduce = k + 1 == halvings.size();
+            s.last_reduce = k + 1 == halvings.size() && unit_ == 1;
             steps_.push_back(s);
             source = nullptr; // from now on the partial sums
         }
+        if (unit_ == 3) { // the kept block: this third's partial sums to the other two
+            const auto [place, a, b_] = group_of(me);
+            const std::size_t blo = lo(b), elems = lo(b + 1) - blo;
+            const std::byte* sums =
+                source == in ? in + blo * es_ : scratch_partial(blo - partial_base);
+            const std::byte* like = in + blo * es_;
+            step s = group_step(place, real(a), real(b_), sums, elems, incoming_for(like),
+                                same_line_offset(incoming_ + elems * es_ + cache_line_bytes, like),
+                                elems * es_);
+            s.reduce_in = sums;
+            s.reduce_out = scratch_partial(blo - partial_base);
+            s.reduce_elems = elems;
+            s.last_reduce = true;
+            steps_.push_back(s);
+        }
         if (scatter_) { // done: the own block out, a folded neighbour's back to it
-            const std::size_t own_lo = lo(b) + (folds ? call_.count : 0);
-            own_block_ = {scratch_partial(own_lo), out, call_.count * es_};
+            const auto in_slot = [&](int r) { // r's block within slot b
+                const int first = slot_rank_[static_cast<std::size_t>(b)];
+                return lo(b) + static_cast<std::size_t>((r - first) / slot_stride_) * call_.count;
+            };
+            own_block_ = {scratch_partial(in_slot(rank_)), out, call_.count * es_};
             if (folds) {
-                steps_.push_back(give_to(rank_ - 1, scratch_partial(lo(b)), call_.count));
+                steps_.push_back(
+                    give_to(rank_ - 1, scratch_partial(in_slot(rank_ - 1)), call_.count));
             }
             return;
         }
@@ -444,6 +559,7 @@ private:
         const std::size_t own_lo = lo(b), own_hi = lo(b + 1);
         own_block_ = {scratch_partial(own_lo - partial_base), out + own_lo * es_,
                       (own_hi - own_lo) * es_};
+        copy_at_end_ = halvings.empty(); // a group of three alone: no all-gather to copy it
         for (std::size_t k = halvings.size(); k-- > 0;) {
             const halving& h = halvings[k];
             const std::size_t kept_lo = lo(h.kept_b), kept_hi = lo(h.kept_b + h.kept_w);
@@ -522,8 +638,13 @@ private:
             });
             return;
         }
+        firsts_arrived_ = 0;
         if (s.recv_bytes != no_recv) {
             irecv(recv_stage_->data(), mpi_whole_message_max_bytes, s.peer, check_tag_);
+        }
+        if (s.peer2 >= 0) {
+            irecv(recv_stage_->data() + mpi_whole_message_max_bytes, mpi_whole_message_max_bytes,
+                  s.peer2, check_tag_);
         }
         if (s.sends) {
             const std::size_t data = faulted_ ? 0 : s.send_elems * es_;
@@ -540,32 +661,41 @@ private:
                     std::memcpy(send_stage_ + mpi_header_bytes, s.send, inline_bytes);
                 }
             }
-            isend(send_stage_, mpi_header_bytes + inline_bytes, s.peer, check_tag_);
-            if (!faulted_) {
-                const std::byte* rest = s.send + inline_bytes;
-                for_each_segment(data - inline_bytes, [&](std::size_t at, std::size_t len) {
-                    isend(rest + at, len, s.peer, rest_tag_);
-                });
+            for (const int peer : {s.peer, s.peer2}) {
+                if (peer < 0) {
+                    continue;
+                }
+                isend(send_stage_, mpi_header_bytes + inline_bytes, peer, check_tag_);
+                if (!faulted_) {
+                    const std::byte* rest = s.send + inline_bytes;
+                    for_each_segment(data - inline_bytes, [&](std::size_t at, std::size_t len) {
+                        isend(rest + at, len, peer, rest_tag_);
+                    });
+                }
             }
         }
     }
 
-    /// The peer's first message is here: check its header, then receive the rest of
-    /// its data where it goes (into a drain when its call differs: every message of
-    /// this call is received, so none is left for a later call to match).
-    void receive_first(const step& s, const MPI_Status& status) {
+    /// Peer `k`'s first message is here (k = 1: a group of three's second peer):
+    /// check its header, then receive the rest of its data where it goes (into a
+    /// drain when its call differs: every message of this call is received, so none
+    /// is left for a later call to match). In a group of three the fault is decided
+    /// once both have come (finish_step), alike on the three ranks.
+    void receive_first(const step& s, int k, const MPI_Status& status) {
+        const int peer = k == 0 ? s.peer : s.peer2;
         int got = 0;
         MPI_Get_count(&status, MPI_BYTE, &got);
         const auto n = static_cast<std::size_t>(got);
-        const std::byte* first = recv_stage_->data();
+        const std::byte* first =
+            recv_stage_->data() + static_cast<std::size_t>(k) * mpi_whole_message_max_bytes;
         if (n < mpi_header_bytes) {
             throw mismatch_error(rank_, label_.str(),
-                                 "rank " + std::to_string(s.peer) + " sent a " + std::to_string(n) +
+                                 "rank " + std::to_string(peer) + " sent a " + std::to_string(n) +
                                      "-byte message where a call header was due: it is not "
                                      "running this collective",
-                                 s.peer, "operation");
+                                 peer, "operation");
         }
-        mpi_call_header theirs;
+        mpi_call_header& theirs = theirs_[static_cast<std::size_t>(k)];
         std::memcpy(&theirs, first, mpi_header_bytes);
         const std::size_t announced = theirs.faulted != 0
                                           ? sizeof(mpi_call_fault)
@@ -573,41 +703,47 @@ private:
         const std::size_t sent = mpi_header_bytes + announced;
         if (n > sent) { // never from a rank running this code: nothing past what it says
             throw mismatch_error(rank_, label_.str(),
-                                 "rank " + std::to_string(s.peer) + " sent a " + std::to_string(n) +
+                                 "rank " + std::to_string(peer) + " sent a " + std::to_string(n) +
                                      "-byte message whose header announced " +
                                      std::to_string(sent) +
                                      " bytes: it is not running this collective",
-                                 s.peer, "operation");
+                                 peer, "operation");
         }
         const std::size_t rest = sent > n && n == mpi_first_part(sent) ? sent - n : 0;
+        const bool group = s.peer2 >= 0;
         bool takes_data = false;
         if (theirs.faulted != 0) {
             if (n >= mpi_header_bytes + sizeof(mpi_call_fault)) {
-                mpi_call_fault f;
-                std::memcpy(&f, first + mpi_header_bytes, sizeof(mpi_call_fault));
-                if (replaces(faulted_, fault_, f)) {
-                    fault_ = f;
+                std::memcpy(&carried_[static_cast<std::size_t>(k)], first + mpi_header_bytes,
+                            sizeof(mpi_call_fault));
+                if (!group && replaces(faulted_, fault_, carried_[0])) {
+                    fault_ = carried_[0];
                     faulted_ = true;
                 }
+            } else if (group) {
+                throw mismatch_error(rank_, label_.str(),
+                                     "rank " + std::to_string(peer) +
+                                         " sent a fault too short to read: it is not running "
+                                         "this collective",
+                                     peer, "operation");
             }
-        } else if (!same_call(mine_without_following(), without_following(theirs)) ||
-                   theirs.following != s.recv_bytes) {
-            if (!faulted_) {
-                fault_ = fault_between(rank_, mine_, s.peer, theirs);
+        } else if (!agrees(theirs, s.recv_bytes)) {
+            if (!group && !faulted_) {
+                fault_ = fault_between(rank_, mine_, peer, theirs);
                 faulted_ = true;
             }
         } else {
             takes_data = !faulted_;
         }
-        received_data_ = takes_data;
+        received_[static_cast<std::size_t>(k)] = takes_data;
         if (takes_data) {
-            std::byte* into = s.recv;
+            std::byte* into = k == 0 ? s.recv : s.recv2;
             const std::size_t inline_bytes = n - mpi_header_bytes;
             if (inline_bytes != 0) {
                 std::memcpy(into, first + mpi_header_bytes, inline_bytes);
             }
             for_each_segment(rest, [&](std::size_t at, std::size_t len) {
-                irecv(into + inline_bytes + at, len, s.peer, rest_tag_);
+                irecv(into + inline_bytes + at, len, peer, rest_tag_);
             });
             return;
         }
@@ -616,27 +752,87 @@ private:
         if (rest != 0) {
             const int tag =
                 theirs.faulted != 0 ? check_tag_ : mpi_rest_tag(theirs.algorithm, theirs.sequence);
-            drain_.resize(rest);
+            std::vector<std::byte>& drain = drains_[static_cast<std::size_t>(k)];
+            drain.resize(rest);
             for_each_segment(rest, [&](std::size_t at, std::size_t len) {
-                irecv(drain_.data() + at, len, s.peer, tag);
+                irecv(drain.data() + at, len, peer, tag);
             });
         }
     }
 
-    mpi_call_header mine_without_following() const noexcept { return without_following(mine_); }
+    /// Whether a peer's header `theirs`, sending `bytes` of data, is this rank's call.
+    bool agrees(const mpi_call_header& theirs, std::size_t bytes) const noexcept {
+        return same_call(without_following(mine_), without_following(theirs)) &&
+               theirs.following == bytes;
+    }
+
     static mpi_call_header without_following(mpi_call_header h) noexcept {
         h.following = 0;
         return h;
     }
 
+    /// A group of three's headers are all here: the fault every one of the three
+    /// keeps is the lowest pair of ranks among those carried in and those of the
+    /// members whose calls differ (each of the three sees the same headers).
+    void decide_group(const step& s) {
+        bool found = faulted_;
+        mpi_call_fault fault = fault_;
+        const auto keep = [&](const mpi_call_fault& f) {
+            if (replaces(found, fault, f)) {
+                fault = f;
+                found = true;
+            }
+        };
+        std::array<const mpi_call_header*, 3> calls{};
+        std::array<int, 3> ranks{};
+        std::size_t members = 0;
+        if (!faulted_) {
+            calls[members] = &mine_;
+            ranks[members++] = rank_;
+        }
+        for (std::size_t k = 0; k < 2; ++k) {
+            if (theirs_[k].faulted != 0) {
+                keep(carried_[k]);
+            } else {
+                calls[members] = &theirs_[k];
+                ranks[members++] = k == 0 ? s.peer : s.peer2;
+            }
+        }
+        for (std::size_t a = 0; a < members; ++a) {
+            for (std::size_t b = a + 1; b < members; ++b) {
+                if (!same_call(without_following(*calls[a]), without_following(*calls[b])) ||
+                    calls[a]->following != calls[b]->following) {
+                    keep(fault_between(ranks[a], *calls[a], ranks[b], *calls[b]));
+                }
+            }
+        }
+        if (found) {
+            fault_ = fault;
+            faulted_ = true;
+        }
+    }
+
     /// The step's sends and receives are done: reduce what arrived.
     void finish_step(const step& s) {
-        if (faulted_ || !s.checked || s.reduce_out == nullptr || !received_data_) {
+        if (s.checked && s.peer2 >= 0) {
+            decide_group(s);
+        }
+        if (faulted_ || !s.checked || s.reduce_out == nullptr || !received_[0] ||
+            (s.peer2 >= 0 && !received_[1])) {
             return;
         }
-        const void* inputs[2] = {s.reduce_in, s.recv};
+        // The partial results in the group's order (a pair's two commute).
+        std::array<const void*, 3> inputs{s.reduce_in, s.recv, nullptr};
+        int n = 2;
+        if (s.peer2 >= 0) {
+            const void* others[2] = {s.recv, s.recv2};
+            for (int k = 0, o = 0; k < 3; ++k) {
+                inputs[static_cast<std::size_t>(k)] = k == s.place ? s.reduce_in : others[o++];
+            }
+            n = 3;
+        }
         void* outputs[1] = {s.reduce_out};
-        host_reduce(call_.type, call_.reduction, inputs, 2, outputs, 1, s.reduce_elems,
+        host_reduce(call_.type, call_.reduction, inputs.data(), n, outputs, 1, s.reduce_elems,
                     s.last_reduce && call_.reduction == reduce_op::avg ? size_ : 1);
     }
 
@@ -645,11 +841,16 @@ private:
     const collective_call& call_;
     const call_label& label_;
     std::size_t es_;
-    int p_ = 1;
-    bool scatter_ = false;                           ///< a reduce_scatter
-    bool gather_ = false;                            ///< an all_gather (neither: an all-reduce)
-    std::size_t total_ = 0;                          ///< elements of the input
-    std::vector<std::size_t> slot_lo_, slot_source_; ///< a reduce_scatter's slots
+    int p_ = 1;            ///< ranks of the halving (a power of two), in units of ...
+    int unit_ = 1;         ///< ... one rank, or a group of three (three times a power of two ranks)
+    bool scatter_ = false; ///< a reduce_scatter
+    bool gather_ = false;  ///< an all_gather (neither: an all-reduce)
+    std::size_t total_ = 0;            ///< elements of the input
+    std::vector<std::size_t> slot_lo_; ///< a reduce_scatter's slots
+    /// Slot s holds the blocks of slot_ranks_[s] ranks, from slot_rank_[s] on, every
+    /// slot_stride_-th.
+    std::vector<int> slot_rank_, slot_ranks_;
+    int slot_stride_ = 1;
     mpi_call_header mine_;
     std::vector<step> steps_;
     std::size_t current_ = 0;
@@ -666,9 +867,14 @@ private:
     } own_block_;
     std::byte* send_stage_ = nullptr;
     std::vector<std::byte>* recv_stage_ = nullptr;
-    std::vector<std::byte> drain_;
+    std::array<std::vector<std::byte>, 2> drains_;
     bool first_arrived_ = false;
-    bool received_data_ = false;
+    int firsts_arrived_ = 0;         ///< a group of three's first messages so far
+    std::array<bool, 2> received_{}; ///< the data of each peer is this call's
+    std::array<mpi_call_header, 2> theirs_{};
+    std::array<mpi_call_fault, 2> carried_{}; ///< faults the peers' headers announced
+    bool copy_at_end_ =
+        false; ///< an all-reduce with no all-gather step copies its block at the end
     bool faulted_ = false;
     mpi_call_fault fault_;
     std::vector<MPI_Request> recvs_, sends_;

@@ -2,14 +2,15 @@
 
 /// \file
 /// The schedules of the MPI backend's checked exchange (handshake.hpp): for one
-/// rank, the peer each step sends to and receives from, and what the received data
-/// is for. Two schedules: recursive doubling over every rank (with the usual fold
-/// of the ranks beyond the largest power of two), and the node-aware two-level one
-/// (a binomial tree inside each node up to its lowest rank, recursive doubling
-/// among those leaders, the tree back down). They are plain functions of the rank
-/// and of which ranks share a node, with no MPI in them, so that a test can run
-/// every rank's schedule in one process and check that the messages pair up and
-/// that every result holds every rank's data once.
+/// rank, the peers each step sends to and receives from, and what the received data
+/// is for. Two schedules: recursive doubling over every rank (with a group of three
+/// for rank counts of three times a power of two, and the usual fold of the ranks
+/// beyond the participants), and the node-aware two-level one (a binomial tree
+/// inside each node up to its lowest rank, recursive doubling among those leaders,
+/// the tree back down). They are plain functions of the rank and of which ranks
+/// share a node, with no MPI in them, so that a test can run every rank's schedule
+/// in one process and check that the messages pair up and that every result holds
+/// every rank's data once.
 
 #include <algorithm>
 #include <array>
@@ -48,21 +49,42 @@ struct node_layout {
     bool one_node(int size) const noexcept { return node_ranks >= size; }
 };
 
-/// One step of a checked exchange: this rank's message to `peer`, the peer's
-/// message to it, or both, posted together.
+/// The most peers of one step: a pair's one, or the two others of a group of three.
+inline constexpr int max_step_peers = 2;
+
+/// One step of a checked exchange: this rank's message to each of its peers, each
+/// peer's message to it, or both, posted together. In a group of three every
+/// member sends its partial result to the other two and reduces the three in the
+/// group's order, so that all three hold the same bits.
 struct exchange_step {
-    int peer = -1;
+    std::array<int, max_step_peers> peers{-1, -1}; ///< in the group's order, this rank left out
+    int count = 1;                                 ///< peers in this step
+    int place = 0;                                 ///< this rank's place in the group's order
     bool send = false;
     bool recv = false;
     bool reduce = false; ///< fold the received data into the partial result
     bool final = false;  ///< the received data is the result (and passes on from here)
+
+    int peer(int i = 0) const noexcept { return peers[static_cast<std::size_t>(i)]; }
+
+    /// A step with one peer.
+    static constexpr exchange_step with(int peer, bool send, bool recv, bool reduce,
+                                        bool final) noexcept {
+        exchange_step s;
+        s.peers[0] = peer;
+        s.send = send;
+        s.recv = recv;
+        s.reduce = reduce;
+        s.final = final;
+        return s;
+    }
 };
 
 /// A rank's steps, in order.
 class exchange_plan {
 public:
     /// Up the tree, the fold, recursive doubling and down the tree, for any int
-    /// rank count: at most 31 + 2 + 31 + 31 steps.
+    /// rank count: at most 31 + 2 + 1 + 31 + 31 steps.
     static constexpr int capacity = 128;
 
     void clear() noexcept { size_ = 0; }
@@ -90,31 +112,71 @@ private:
     int size_ = 0;
 };
 
-/// Appends recursive doubling (MPICH's) among `count` participants, this rank being
-/// participant `me` and participant i rank `rank_of(i)`: p = the largest power of
-/// two <= count, rem = count - p. Of the first 2 rem participants, each even one
-/// hands its data to the odd one after it and gets the result back at the end; the
-/// other p exchange with the partner at distance 1, 2, 4, ... in their own
-/// numbering.
+/// How recursive doubling among `count` participants goes: `participants` of them
+/// exchange, the rest fold into them. Three times a power of two exchange as they
+/// are, ending in a group of three (one step where the fold took two); any other
+/// count folds into the largest power of two below it. `steps`: on the longest
+/// path.
+struct doubling_shape {
+    int participants = 1;
+    bool three = false; ///< a group of three last
+    int steps = 0;
+};
+
+constexpr doubling_shape doubling_shape_of(int count) noexcept {
+    const auto log2 = [](int v) {
+        return static_cast<int>(std::bit_width(static_cast<unsigned>(v))) - 1;
+    };
+    const int two = static_cast<int>(std::bit_floor(static_cast<unsigned>(count)));
+    if (count >= 3 && count % 3 == 0 && std::has_single_bit(static_cast<unsigned>(count / 3))) {
+        return {count, true, 1 + log2(count / 3)};
+    }
+    return {two, false, log2(two) + (count > two ? 2 : 0)};
+}
+
+/// Appends recursive doubling among `count` participants, this rank being
+/// participant `me` and participant i rank `rank_of(i)`, with c =
+/// doubling_shape_of(count).participants and rem = count - c. Of the first 2 rem
+/// participants, each even one hands its data to the odd one after it and gets
+/// the result back at the end (MPICH's fold); the other c, numbered v = 0 .. c - 1,
+/// exchange with the partner at distance 1, 2, 4, ...; when c is three times a
+/// power of two p, within each third (v = i + p place, i < p), and then in groups
+/// of three, i, i + p and i + 2p, each sending to the other two. Rabenseifner's
+/// schedules (rabenseifner.hpp) meet the same partners in the same order.
 template <class RankOf>
 void add_recursive_doubling(int me, int count, RankOf rank_of, exchange_plan& plan) {
-    const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(count)));
-    const int rem = count - p;
+    const doubling_shape shape = doubling_shape_of(count);
+    const int rem = count - shape.participants;
     if (me < 2 * rem && me % 2 == 0) {
-        plan.add({rank_of(me + 1), true, true, false, true});
+        plan.add(exchange_step::with(rank_of(me + 1), true, true, false, true));
         return;
     }
     if (me < 2 * rem) {
-        plan.add({rank_of(me - 1), false, true, true, false});
+        plan.add(exchange_step::with(rank_of(me - 1), false, true, true, false));
     }
+    const auto participant = [&](int v) { return rank_of(v < rem ? v * 2 + 1 : v + rem); };
     const int v = me < 2 * rem ? me / 2 : me - rem;
+    // Three places of p participants each (v = i + p place; one place when c is a
+    // power of two): pairs within the place, then the group of three, i + p t.
+    const int places = shape.three ? 3 : 1;
+    const int p = shape.participants / places;
+    const int i = v % p, place = v / p;
     for (int mask = 1; mask < p; mask <<= 1) {
-        const int partner = v ^ mask;
-        plan.add(
-            {rank_of(partner < rem ? partner * 2 + 1 : partner + rem), true, true, true, false});
+        plan.add(exchange_step::with(participant((i ^ mask) + p * place), true, true, true, false));
+    }
+    if (shape.three) {
+        exchange_step s = exchange_step::with(-1, true, true, true, false);
+        s.count = 2;
+        s.place = place;
+        for (int t = 0, k = 0; t < 3; ++t) {
+            if (t != place) {
+                s.peers[static_cast<std::size_t>(k++)] = participant(i + p * t);
+            }
+        }
+        plan.add(s);
     }
     if (me < 2 * rem) {
-        plan.add({rank_of(me - 1), true, false, false, false});
+        plan.add(exchange_step::with(rank_of(me - 1), true, false, false, false));
     }
 }
 
@@ -140,11 +202,13 @@ inline void plan_two_level(int rank, const node_layout& nodes, exchange_plan& pl
     int mask = 1;
     for (; mask < n; mask <<= 1) {
         if ((me & mask) != 0) {
-            plan.add({m[static_cast<std::size_t>(me - mask)], true, true, false, true});
+            plan.add(exchange_step::with(m[static_cast<std::size_t>(me - mask)], true, true, false,
+                                         true));
             break;
         }
         if (me + mask < n) {
-            plan.add({m[static_cast<std::size_t>(me + mask)], false, true, true, false});
+            plan.add(exchange_step::with(m[static_cast<std::size_t>(me + mask)], false, true, true,
+                                         false));
         }
     }
     if (me == 0) {
@@ -156,7 +220,8 @@ inline void plan_two_level(int rank, const node_layout& nodes, exchange_plan& pl
     }
     for (mask >>= 1; mask > 0; mask >>= 1) {
         if (me + mask < n) {
-            plan.add({m[static_cast<std::size_t>(me + mask)], true, false, false, false});
+            plan.add(exchange_step::with(m[static_cast<std::size_t>(me + mask)], true, false, false,
+                                         false));
         }
     }
 }
