@@ -253,6 +253,14 @@ TEST_CASE("schedules: three times a power of two takes a group of three, others 
             }
         }
     }
+    // Over nodes of several ranks only when each third is whole nodes, or on one node.
+    CHECK(doubling_shape_of(24, 8).three);
+    CHECK(doubling_shape_of(12, 4).three);
+    CHECK(doubling_shape_of(6, 6).three);
+    CHECK(doubling_shape_of(6, 8).three);
+    CHECK_FALSE(doubling_shape_of(12, 8).three);
+    CHECK_FALSE(doubling_shape_of(12, 6).three);
+    CHECK(doubling_shape_of(12, 8).participants == 8);
     // Powers of two and the rest as before: 5 = 4 + a fold, 7 = 4 + 3 folded, ...
     for (int n : {2, 4, 5, 7, 9, 10, 13, 1000}) {
         CAPTURE(n);

@@ -254,7 +254,7 @@ public:
         if (fused && algo == algorithm::two_level) {
             plan_two_level(rank, nodes, plan_);
         } else {
-            plan_recursive_doubling(rank, size, plan_);
+            plan_recursive_doubling(rank, size, plan_, nodes.node_ranks);
         }
         steps_ = plan_.size();
         last_reduce_ = plan_.last_reduce();

@@ -426,7 +426,7 @@ public:
                              algorithm_ == algorithm::recursive_doubling && state_.size > 1;
         if (algorithm_ == algorithm::rabenseifner || gathers) { // checks as it goes
             rab_.emplace(state_.comm, state_.rank, state_.size, call_, sequence_, label_,
-                         algorithm_);
+                         algorithm_, state_.nodes.node_ranks);
             scratch_ = state_.take_scratch(rab_->scratch_bytes());
             rab_->start(scratch_.data(), send_stage_, recv_stage_);
             return;

@@ -79,13 +79,14 @@ public:
     /// in `recv`, which may be its own block of `send`) or the all_gather (`count` in
     /// `send`, which may be its own block of `recv`), the `sequence`-th collective of
     /// `rank` of the `size` ranks of `comm`; `algo` is the algorithm its headers
-    /// announce (rabenseifner; recursive_doubling for the all_gather).
+    /// announce (rabenseifner; recursive_doubling for the all_gather); `node_ranks`
+    /// the most ranks a node holds (the handshake's groups of three depend on it).
     /// Headers travel on the handshake's tag, the rest of a checked message on the
     /// tag mpi_rest_tag gives `algo` (the ring's for rabenseifner, the handshake's
     /// for recursive_doubling), the all-reduce's all-gather on a tag of its own.
     mpi_rabenseifner(MPI_Comm comm, int rank, int size, const collective_call& call,
                      std::uint64_t sequence, const call_label& label,
-                     algorithm algo = algorithm::rabenseifner)
+                     algorithm algo = algorithm::rabenseifner, int node_ranks = 1)
         : comm_(comm), rank_(rank), size_(size),
           check_tag_(mpi_tag(mpi_handshake_tag_base, mpi_handshake_tags, sequence)),
           rest_tag_(mpi_rest_tag(static_cast<std::uint32_t>(algo), sequence)),
@@ -93,7 +94,7 @@ public:
           label_(label), es_(size_of(call.type)) {
         mine_ = mpi_call_header{signature_of(call), sequence, 0, static_cast<std::uint32_t>(algo),
                                 call.count * es_};
-        const doubling_shape shape = doubling_shape_of(size);
+        const doubling_shape shape = doubling_shape_of(size, node_ranks);
         unit_ = shape.three ? 3 : 1;
         p_ = shape.participants / unit_;
         const int rem = size - shape.participants;
