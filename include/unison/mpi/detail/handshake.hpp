@@ -204,6 +204,21 @@ inline bool replaces(bool faulted, const mpi_call_fault& kept,
            std::pair(heard.ref_rank, heard.other_rank) < std::pair(kept.ref_rank, kept.other_rank);
 }
 
+/// The fault every rank of a step keeps: the lowest pair of ranks (replaces) of
+/// the faults carried in and of the pairs found to differ, so that ranks that see
+/// the same headers keep the same one.
+struct fault_choice {
+    bool found = false;
+    mpi_call_fault fault{};
+
+    void keep(const mpi_call_fault& f) noexcept {
+        if (replaces(found, fault, f)) {
+            fault = f;
+            found = true;
+        }
+    }
+};
+
 /// Throws the mismatch_error that `f` describes.
 [[noreturn]] inline void throw_fault(int rank, const std::string& label, const mpi_call_fault& f) {
     const int ref = static_cast<int>(f.ref_rank), other = static_cast<int>(f.other_rank);
@@ -530,14 +545,7 @@ private:
     /// each keeps the same fault: the lowest pair of ranks of those the members
     /// carry in and of the members whose calls differ.
     void receive(const exchange_step& s) {
-        bool found = faulted_;
-        mpi_call_fault fault = fault_;
-        const auto keep = [&](const mpi_call_fault& f) {
-            if (replaces(found, fault, f)) {
-                fault = f;
-                found = true;
-            }
-        };
+        fault_choice choice{faulted_, fault_};
         std::array<const mpi_call_header*, max_step_peers + 1> calls{};
         std::array<int, max_step_peers + 1> ranks{};
         int members = 0;
@@ -555,7 +563,7 @@ private:
             } else if (first_bytes_[at_peer] >= mpi_header_bytes + sizeof(mpi_call_fault)) {
                 mpi_call_fault f;
                 std::memcpy(&f, slot(i) + mpi_header_bytes, sizeof(mpi_call_fault));
-                keep(f);
+                choice.keep(f);
             } else {
                 throw mismatch_error(rank_, label_->str(),
                                      "rank " + std::to_string(s.peer(i)) +
@@ -568,12 +576,12 @@ private:
             for (int b = a + 1; b < members; ++b) {
                 const auto x = static_cast<std::size_t>(a), y = static_cast<std::size_t>(b);
                 if (!same_call(*calls[x], *calls[y])) {
-                    keep(fault_between(ranks[x], *calls[x], ranks[y], *calls[y]));
+                    choice.keep(fault_between(ranks[x], *calls[x], ranks[y], *calls[y]));
                 }
             }
         }
-        if (found) {
-            fault_ = fault;
+        if (choice.found) {
+            fault_ = choice.fault;
             set_faulted(); // already failing, or now: keep to the schedule so every rank hears
             return;
         }

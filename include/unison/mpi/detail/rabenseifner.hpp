@@ -776,14 +776,7 @@ private:
     /// keeps is the lowest pair of ranks among those carried in and those of the
     /// members whose calls differ (each of the three sees the same headers).
     void decide_group(const step& s) {
-        bool found = faulted_;
-        mpi_call_fault fault = fault_;
-        const auto keep = [&](const mpi_call_fault& f) {
-            if (replaces(found, fault, f)) {
-                fault = f;
-                found = true;
-            }
-        };
+        fault_choice choice{faulted_, fault_};
         std::array<const mpi_call_header*, 3> calls{};
         std::array<int, 3> ranks{};
         std::size_t members = 0;
@@ -793,7 +786,7 @@ private:
         }
         for (std::size_t k = 0; k < 2; ++k) {
             if (theirs_[k].faulted != 0) {
-                keep(carried_[k]);
+                choice.keep(carried_[k]);
             } else {
                 calls[members] = &theirs_[k];
                 ranks[members++] = k == 0 ? s.peer : s.peer2;
@@ -803,12 +796,12 @@ private:
             for (std::size_t b = a + 1; b < members; ++b) {
                 if (!same_call(without_following(*calls[a]), without_following(*calls[b])) ||
                     calls[a]->following != calls[b]->following) {
-                    keep(fault_between(ranks[a], *calls[a], ranks[b], *calls[b]));
+                    choice.keep(fault_between(ranks[a], *calls[a], ranks[b], *calls[b]));
                 }
             }
         }
-        if (found) {
-            fault_ = fault;
+        if (choice.found) {
+            fault_ = choice.fault;
             faulted_ = true;
         }
     }
