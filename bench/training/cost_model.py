@@ -221,8 +221,8 @@ def tuned_by_size(t, m, p, one_node):
         if p <= t["odd_some_ranks"]:
             ring_from = t["odd_few_ring_min_bytes"] if p <= 4 else t["odd_some_ring_min_bytes"]
             return "recursive_doubling" if m < ring_from else "ring"
-        thirds = not one_node and three_times_pow2(p)  # groups of three: no fold
-        if m < t["many_ranks_rabenseifner_min_bytes" if thirds else "odd_rabenseifner_min_bytes"]:
+        # across nodes the fold costs recursive doubling the same: from a power of two's
+        if m < t["odd_rabenseifner_min_bytes" if one_node else "many_ranks_rabenseifner_min_bytes"]:
             return "recursive_doubling"
         return "ring" if m // p >= t["ring_min_bytes_per_rank"] else "rabenseifner"
     if one_node:

@@ -125,17 +125,19 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
           algorithm::recursive_doubling);
     CHECK(all_reduce_by_size(odd_some_ring_min_bytes, 6, false) == algorithm::ring);
     CHECK(all_reduce(odd_some_ring_min_bytes, 6, 3) == algorithm::ring); // nodes of 3
-    CHECK(all_reduce(odd_rabenseifner_min_bytes, 96, 1) == algorithm::rabenseifner);
-    // Three times a power of two with a rank per node (groups of three, no fold):
-    // Rabenseifner's from where a power of two takes it.
-    for (int ranks : {12, 24, 48, 96}) {
+    // Past odd_some_ranks with a rank per node, folding (10, 14, 20, 40) or in groups
+    // of three (12, 24, 48, 96): Rabenseifner's from where a power of two takes it.
+    // On one node from odd_rabenseifner_min_bytes.
+    for (int ranks : {10, 12, 14, 20, 24, 40, 48, 96}) {
         CAPTURE(ranks);
         CHECK(all_reduce(many_ranks_rabenseifner_min_bytes - 1, ranks, 1) ==
               algorithm::recursive_doubling);
         CHECK(all_reduce(many_ranks_rabenseifner_min_bytes, ranks, 1) == algorithm::rabenseifner);
+        CHECK(all_reduce(odd_rabenseifner_min_bytes - 1, ranks, ranks) ==
+              algorithm::recursive_doubling);
+        CHECK(all_reduce(odd_rabenseifner_min_bytes, ranks, ranks) == algorithm::rabenseifner);
     }
-    CHECK(all_reduce(many_ranks_rabenseifner_min_bytes, 40, 1) == algorithm::recursive_doubling);
-    CHECK(all_reduce(many_ranks_rabenseifner_min_bytes, 12, 12) == algorithm::recursive_doubling);
+    static_assert(many_ranks_rabenseifner_min_bytes < odd_rabenseifner_min_bytes);
     CHECK(all_reduce(96 * ring_min_bytes_per_rank, 96, 1) == algorithm::ring);
     CHECK(all_reduce(96 * ring_min_bytes_per_rank - 96, 96, 1) == algorithm::rabenseifner);
     // Nodes of several ranks each: two_level where recursive doubling would run, and
@@ -153,11 +155,13 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
     CHECK(all_reduce(two_level_min_bytes(8), 8, 8) == algorithm::recursive_doubling);
     CHECK(all_reduce(std::size_t{1} << 30, 64, 8) == algorithm::rabenseifner);
     // Not a power of two, past odd_some_ranks, over nodes of several ranks:
-    // Rabenseifner's from two_level_max_bytes, where recursive doubling (two_level)
-    // and the ring would run by size alone; a rank per node keeps the ring.
+    // two_level below two_level_max_bytes, where recursive doubling or Rabenseifner's
+    // would run by size alone; Rabenseifner's from there, where the ring would; a
+    // rank per node keeps the ring.
     CHECK(all_reduce(two_level_max_bytes - 1, 24, 8) == algorithm::two_level);
     CHECK(all_reduce(two_level_max_bytes, 24, 8) == algorithm::rabenseifner);
-    CHECK(all_reduce_by_size(two_level_max_bytes, 40, false) == algorithm::recursive_doubling);
+    CHECK(all_reduce_by_size(two_level_max_bytes - 1, 40, false) == algorithm::rabenseifner);
+    CHECK(all_reduce(two_level_max_bytes - 1, 40, 8) == algorithm::two_level);
     CHECK(all_reduce(std::size_t{1} << 24, 12, 8) == algorithm::rabenseifner);
     CHECK(all_reduce(std::size_t{1} << 24, 12, 1) == algorithm::ring);
     CHECK(all_reduce(std::size_t{1} << 24, 6, 2) == algorithm::ring); // up to odd_some_ranks

@@ -127,12 +127,19 @@ inline constexpr std::size_t odd_few_ring_min_bytes = 64 * 1024;
 inline constexpr int odd_some_ranks = 8;
 inline constexpr std::size_t odd_some_ring_min_bytes = 2 * 1024 * 1024;
 /// More ranks, not a power of two: recursive doubling below this many bytes, then
-/// Rabenseifner (three times a power of two with a rank per node, whose groups of
-/// three fold nothing: from many_ranks_rabenseifner_min_bytes, as for a power of
-/// two; simulated at 12, 24 and 48 ranks, Rabenseifner's was 0.54-0.77x MPI's
-/// best at 16 and 32 KiB on the flat cluster and the fat tree, recursive doubling
-/// 0.59-1.53x) ...
+/// Rabenseifner ...
 inline constexpr std::size_t odd_rabenseifner_min_bytes = 64 * 1024;
+/// ... but across nodes from many_ranks_rabenseifner_min_bytes, as for a power of
+/// two: the fold costs recursive doubling the same two steps (and three times a
+/// power of two folds nothing: schedule.hpp's groups of three). Simulated with a
+/// rank per node at 16 and 32 KiB, over MPI's best on the flat cluster and the fat
+/// tree: at 9, 11, 13, 14, 20 and 40 ranks (folds) Rabenseifner's 0.90-1.08x,
+/// recursive doubling 0.76-1.58x (1.07-1.58x on the fat tree); at 12, 24 and 48
+/// (groups of three) 0.51-0.78x against 0.59-1.53x. At 10 ranks of the flat
+/// cluster recursive doubling led (0.82 and 0.98x against 1.11 and 1.29x; MPI's
+/// best there, the `mpich` selector's call, took 0.83-0.91 of its time at 9 and 11
+/// ranks), on the fat tree not (1.06 and 0.99x against 0.97 and 1.02x). One node of so many
+/// ranks was not measured and keeps odd_rabenseifner_min_bytes.
 /// ... and the ring from this many bytes per rank (its messages then large enough
 /// that their number costs less than the fold). Over nodes of several ranks,
 /// Rabenseifner's instead, from two_level_max_bytes (all_reduce, below).
@@ -298,12 +305,7 @@ constexpr algorithm all_reduce_by_size(std::size_t bytes, int ranks, bool one_no
                 ranks <= 4 ? odd_few_ring_min_bytes : odd_some_ring_min_bytes;
             return bytes < ring_from ? algorithm::recursive_doubling : algorithm::ring;
         }
-        // Three times a power of two with a rank per node folds nothing
-        // (schedule.hpp's groups of three), so Rabenseifner's starts where it does
-        // for a power of two.
-        const bool thirds =
-            !one_node && ranks % 3 == 0 && std::has_single_bit(static_cast<unsigned>(ranks / 3));
-        if (bytes < (thirds ? many_ranks_rabenseifner_min_bytes : odd_rabenseifner_min_bytes)) {
+        if (bytes < (one_node ? odd_rabenseifner_min_bytes : many_ranks_rabenseifner_min_bytes)) {
             return algorithm::recursive_doubling;
         }
         return bytes / static_cast<std::size_t>(ranks) >= ring_min_bytes_per_rank
