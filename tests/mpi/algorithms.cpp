@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -617,4 +618,74 @@ TEST_CASE("mpi all-reduce: ranks forcing different algorithms are refused before
     std::vector<float> x(100, static_cast<float>(rank + 1));
     unison::all_reduce(comm, x);
     CHECK(x.front() == static_cast<float>(n * (n + 1) / 2));
+}
+
+namespace {
+
+/// Rank `rank`'s element i of an 8-bit type, large enough that two ranks' sums and
+/// products leave the type's range; odd, so that products never wrap to zero.
+template <class T>
+T narrow_value(int rank, std::size_t i) {
+    if constexpr (std::is_signed_v<T>) {
+        return static_cast<T>(99 - 2 * static_cast<int>(i % 7) + 2 * rank);
+    } else {
+        return static_cast<T>(201 + 2 * static_cast<int>(i % 13) + 2 * rank);
+    }
+}
+
+/// The sum or product over `ranks` ranks modulo 2^8, in T's range.
+template <class T>
+T narrow_reference(unison::reduce_op op, int ranks, std::size_t i) {
+    unsigned acc = static_cast<std::uint8_t>(narrow_value<T>(0, i));
+    for (int q = 1; q < ranks; ++q) {
+        const unsigned v = static_cast<std::uint8_t>(narrow_value<T>(q, i));
+        acc = (op == unison::reduce_op::prod ? acc * v : acc + v) & 0xffu;
+    }
+    return static_cast<T>(static_cast<std::uint8_t>(acc));
+}
+
+template <class T>
+void check_narrow_wraps(unison::algorithm a) {
+    auto comm = forced(a);
+    const int rank = comm.rank(), n = comm.size();
+    const std::size_t count = 1031 * static_cast<std::size_t>(n);
+    for (unison::reduce_op op : {unison::reduce_op::sum, unison::reduce_op::prod}) {
+        CAPTURE(static_cast<int>(op));
+        std::vector<T> in(count);
+        for (std::size_t i = 0; i < count; ++i) {
+            in[i] = narrow_value<T>(rank, i);
+        }
+        std::vector<T> all = in;
+        unison::all_reduce(comm, all, op);
+        std::vector<T> at_root = in;
+        unison::reduce(comm, at_root, n - 1, op);
+        std::vector<T> mine(count / static_cast<std::size_t>(n));
+        unison::reduce_scatter(comm, in, mine, op);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < count; ++i) {
+            const T want = narrow_reference<T>(op, n, i);
+            wrong += all[i] != want ? 1 : 0;
+            wrong += rank == n - 1 && at_root[i] != want ? 1 : 0;
+        }
+        for (std::size_t k = 0; k < mine.size(); ++k) {
+            wrong += mine[k] != narrow_reference<T>(
+                                    op, n, static_cast<std::size_t>(rank) * mine.size() + k)
+                         ? 1
+                         : 0;
+        }
+        CHECK(wrong == 0);
+    }
+}
+
+} // namespace
+
+// Open MPI 4.1's AVX op component saturates 8-bit sums and products (MPI_SUM of 200
+// and 100 in MPI_UINT8_T: 255), so the MPI's own reductions of them run through
+// unison's op and wrap as unison's schedules do, on every algorithm.
+TEST_CASE("mpi collectives: 8-bit sums and products wrap on every algorithm") {
+    for (unison::algorithm a : forced_algorithms) {
+        CAPTURE(unison::to_string(a));
+        check_narrow_wraps<std::uint8_t>(a);
+        check_narrow_wraps<std::int8_t>(a);
+    }
 }

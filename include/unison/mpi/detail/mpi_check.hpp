@@ -104,16 +104,21 @@ inline MPI_Datatype mpi_datatype(dtype t) noexcept {
 }
 
 /// Whether MPI's predefined op reduces `t` with `op` as unison does. Not for the
-/// 16-bit floats, which MPI does not know, nor for min and max over the unsigned
+/// 16-bit floats, which MPI does not know; nor for min and max over the unsigned
 /// 32- and 64-bit integers: MPICH 4.0 (Debian 12's) compares MPI_UINT32_T and
 /// MPI_UINT64_T as signed, so that min(3e9, 5) is 3e9 (sum and prod wrap alike
-/// either way and stay MPI's).
+/// either way and stay MPI's); nor for sum and prod over the 8-bit integers: Open
+/// MPI 4.1's AVX op component (Debian 12's 4.1.4, on a CPU with AVX) saturates
+/// them, so that MPI_SUM of 200 and 100 in MPI_UINT8_T is 255 where unison's own
+/// schedules wrap to 44 (and 127 for 100 + 100 in MPI_INT8_T, not -56).
 inline bool mpi_native_reduction(dtype t, reduce_op op) noexcept {
     if (t == dtype::f16 || t == dtype::bf16) {
         return false;
     }
     const bool unsigned_wide = t == dtype::u32 || t == dtype::u64;
-    return !(unsigned_wide && (op == reduce_op::min || op == reduce_op::max));
+    const bool narrow = t == dtype::i8 || t == dtype::u8;
+    const bool ordering = op == reduce_op::min || op == reduce_op::max;
+    return !(unsigned_wide && ordering) && !(narrow && !ordering);
 }
 
 template <dtype T, reduce_op Op>
@@ -125,14 +130,20 @@ void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
 
 /// MPI_Op handles for what MPI's predefined ops do not reduce as unison does
 /// (mpi_native_reduction): sum/prod/min/max over f16 and bf16, min/max over u32
-/// and u64; created with the communicator and freed with it.
+/// and u64, sum/prod over i8 and u8; created with the communicator and freed with
+/// it.
 class mpi_user_ops {
 public:
     mpi_user_ops() {
+        for (MPI_Op& op : ops_) {
+            op = MPI_OP_NULL;
+        }
         create<dtype::f16>(0);
         create<dtype::bf16>(4);
         create<dtype::u32>(8);
         create<dtype::u64>(12);
+        create<dtype::i8>(16);
+        create<dtype::u8>(20);
     }
     mpi_user_ops(const mpi_user_ops&) = delete;
     mpi_user_ops& operator=(const mpi_user_ops&) = delete;
@@ -150,7 +161,12 @@ public:
 
     /// The op for `t` and `op` (avg reduces as sum; the caller divides).
     MPI_Op get(dtype t, reduce_op op) const noexcept {
-        const int base = t == dtype::f16 ? 0 : t == dtype::bf16 ? 4 : t == dtype::u32 ? 8 : 12;
+        const int base = t == dtype::f16    ? 0
+                         : t == dtype::bf16 ? 4
+                         : t == dtype::u32  ? 8
+                         : t == dtype::u64  ? 12
+                         : t == dtype::i8   ? 16
+                                            : 20;
         switch (op) {
         case reduce_op::sum:
         case reduce_op::avg:
@@ -174,9 +190,7 @@ private:
         MPI_Op_create(&mpi_user_reduce<T, reduce_op::max>, 1, &ops_[base + 3]);
     }
 
-    MPI_Op ops_[16] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
-                       MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
-                       MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+    MPI_Op ops_[24];
 };
 
 /// The predefined MPI_Op for `op` (avg reduces as sum; the caller divides).
