@@ -622,15 +622,14 @@ TEST_CASE("mpi all-reduce: ranks forcing different algorithms are refused before
 
 namespace {
 
-/// Rank `rank`'s element i of an 8-bit type, large enough that two ranks' sums and
-/// products leave the type's range; odd, so that products never wrap to zero.
+/// Rank `rank`'s element i of an 8-bit type: random, odd (so that products never
+/// wrap to zero) and large enough that any two ranks' sums and products leave the
+/// type's range (65-125 in int8, 129-253 in uint8).
 template <class T>
 T narrow_value(int rank, std::size_t i) {
-    if constexpr (std::is_signed_v<T>) {
-        return static_cast<T>(99 - 2 * static_cast<int>(i % 7) + 2 * rank);
-    } else {
-        return static_cast<T>(201 + 2 * static_cast<int>(i % 13) + 2 * rank);
-    }
+    const auto h = static_cast<int>(value(rank, i, 77) * 8.0 + 1000.0); // 0 .. 2000
+    return std::is_signed_v<T> ? static_cast<T>(65 + 2 * (h % 31))
+                               : static_cast<T>(129 + 2 * (h % 63));
 }
 
 /// The sum or product over `ranks` ranks modulo 2^8, in T's range.
