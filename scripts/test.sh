@@ -25,11 +25,12 @@ git ls-files '*.hpp' '*.cpp' '*.cuh' '*.cu' | xargs clang-format --dry-run -Werr
 # - Without unison-tests (unit, thread and rendezvous tests): the two sanitizer
 #   builds below build and run it, and would otherwise be its second and third build.
 #   And the GPU suites without the device-only thread fixture, which NCCL's covers
-#   where the GPU tests only compile.
+#   where the GPU tests only compile; and the Gloo tests without the sharded suites
+#   that check only the engines' own logic (tests/CMakeLists.txt).
 echo "== build: Release (-O1; .cu host code -O0), every backend found on this machine"
 cmake -S . -B build/test -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
     -DCMAKE_CUDA_FLAGS_RELEASE="-Xcompiler=-O0 -DNDEBUG" -DUNISON_TEST_THREAD=OFF \
-    -DUNISON_TEST_GPU_DEVICE_ONLY=OFF
+    -DUNISON_TEST_GPU_DEVICE_ONLY=OFF -DUNISON_TEST_GLOO_ENGINE_LOGIC=OFF
 cmake --build build/test -j "$jobs"
 # The tests that are builds of their own (the packaging consumers, the examples copied
 # alone, the compile-fail cases, the other compilers) run one compiler each: they go
