@@ -269,12 +269,27 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
     CHECK(tuned(tuning::all_gather_doubling_max_bytes - 1, 24, 1) == algorithm::recursive_doubling);
     CHECK(tuned(tuning::all_gather_doubling_max_bytes, 24, 1) == algorithm::native);
     CHECK(tuned(tuning::all_gather_doubling_max_bytes - 1, 32, 8) == algorithm::recursive_doubling);
+    // With a rank per node, recursive doubling while the blocks are small, past the
+    // whole buffer's bound at 32 ranks and more; never over nodes of several ranks
+    // or on one node.
+    const std::size_t block = tuning::all_gather_doubling_max_block_bytes;
+    CHECK(tuned(tuning::all_gather_doubling_max_bytes, 16, 1) == algorithm::native);
+    CHECK(tuned(block * 32, 32, 1) == algorithm::recursive_doubling);
+    CHECK(tuned(block * 32 + 32, 32, 1) == algorithm::native);
+    CHECK(tuned(block * 64, 64, 1) == algorithm::recursive_doubling);
+    CHECK(tuned(block * 64 + 64, 64, 1) == algorithm::native);
+    CHECK(tuned(block * 1024, 1024, 1) == algorithm::recursive_doubling);
+    CHECK(tuned(block * 1024 + 1024, 1024, 1) == algorithm::native);
+    CHECK(tuned(block * 40, 40, 1) == algorithm::recursive_doubling);
+    CHECK(tuned(block * 64, 64, 8) == algorithm::ring);
+    CHECK(tuned(block * 64, 64, 64) == algorithm::native);
     for (std::size_t bytes = tuning::all_gather_doubling_max_bytes; bytes <= (std::size_t{1} << 34);
          bytes *= 4) {
         CHECK(tuned(bytes, 32, 8) == algorithm::ring);
         CHECK(tuned(bytes, 12, 2) == algorithm::ring);
         CHECK(tuned(bytes, 8, 8) == algorithm::native); // one node
-        CHECK(tuned(bytes, 1024, 1) == algorithm::native);
+        CHECK(tuned(bytes, 1024, 1) ==
+              (bytes / 1024 <= block ? algorithm::recursive_doubling : algorithm::native));
     }
     for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20}) {
         for (algorithm forced :
