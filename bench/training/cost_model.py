@@ -188,12 +188,23 @@ def three_times_pow2(p):
     return p >= 3 and p % 3 == 0 and (p // 3) & (p // 3 - 1) == 0
 
 
+def uneven_two_level(p, node_ranks):
+    """mpi_tuning::uneven_two_level: nodes filled in order, the last not full and
+    holding fewer than half a node, or one of three nodes."""
+    if node_ranks <= 1 or p <= node_ranks:
+        return False
+    last, nodes = p % node_ranks, -(-p // node_ranks)
+    return last != 0 and (2 * last < node_ranks or nodes == 3)
+
+
 def tuned(t, m, p, node_ranks=1):
     """The algorithm mpi_tuning::all_reduce picks (its rules, in Python), over p
     ranks of which at most node_ranks share a node."""
     one_node = node_ranks >= p
     if node_ranks <= 1 and 3 <= p <= t["direct_max_ranks"] and m >= t["direct_min_bytes"]:
         return "rank_ordered"  # the direct exchange
+    if uneven_two_level(p, node_ranks):
+        return "two_level"
     flat = tuned_by_size(t, m, p, one_node)
     if one_node or node_ranks <= 1:
         return flat

@@ -165,6 +165,30 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
     CHECK(all_reduce(std::size_t{1} << 24, 12, 8) == algorithm::rabenseifner);
     CHECK(all_reduce(std::size_t{1} << 24, 12, 1) == algorithm::ring);
     CHECK(all_reduce(std::size_t{1} << 24, 6, 2) == algorithm::ring); // up to odd_some_ranks
+    // Nodes not all full: two_level at every size where the last node holds fewer
+    // than half a node (9, 10, 11, 17, 26 ranks on nodes of 8) or on three nodes (20,
+    // 22); the tuning as for full nodes where the last is at least half full on
+    // other node counts (12, 15, 28, 36, 52), and for full nodes (24, 40).
+    for (std::size_t bytes = 8; bytes <= (std::size_t{1} << 30); bytes *= 8) {
+        CAPTURE(bytes);
+        for (int ranks : {9, 10, 11, 17, 20, 22, 26, 34}) {
+            CAPTURE(ranks);
+            CHECK(uneven_two_level(ranks, 8));
+            CHECK(all_reduce(bytes, ranks, 8) == algorithm::two_level);
+        }
+        for (int ranks : {12, 15, 24, 28, 36, 40, 52}) {
+            CAPTURE(ranks);
+            CHECK_FALSE(uneven_two_level(ranks, 8));
+            CHECK(all_reduce(bytes, ranks, 8) == (bytes < two_level_min_bytes((ranks + 7) / 8)
+                                                      ? all_reduce_by_size(bytes, ranks, false)
+                                                  : bytes < two_level_max_bytes
+                                                      ? algorithm::two_level
+                                                      : algorithm::rabenseifner));
+        }
+    }
+    CHECK_FALSE(uneven_two_level(5, 8)); // one node
+    CHECK_FALSE(uneven_two_level(9, 1)); // a rank per node
+    CHECK_FALSE(uneven_two_level(16, 8));
 }
 
 TEST_CASE("mpi tuning: a forced algorithm wins over the tuning, but not for one rank") {

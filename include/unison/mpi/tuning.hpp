@@ -374,6 +374,31 @@ static_assert(many_nodes_two_level_min_bytes <= few_nodes_two_level_min_bytes &&
 static_assert(many_ranks_rabenseifner_min_bytes < two_level_max_bytes,
               "two_level takes over some of Rabenseifner's sizes");
 
+// Nodes that are not all full (ranks not a multiple of the ranks per node, the last
+// node holding the rest, as launchers fill nodes in order), measured the same way
+// (nodes of 8, 9 to 52 ranks, 1 KiB to 4 MiB; docs/measurements.md, "Nodes that are
+// not all full"). Where the last node holds fewer than half a node, Rabenseifner's
+// halving sends most of its rounds through that node's NIC (its few ranks meet a
+// partner on another node at nearly every step), and recursive doubling pays the
+// fold: at 9, 10, 11, 17, 18 and 26 ranks the tuning's choice was up to
+// 1.20-2.36x MPI's best, two_level 0.38-1.06x at every size. On three nodes the
+// leaders meet in one group of three: at 20 and 22 ranks two_level was 0.52-0.77x, the tuning's choice
+// up to 1.12x. With the last node at least half full on 2, 4, 5 or 7 nodes (12-15,
+// 28, 30, 36, 52 ranks) the tuning's choice stayed within 1.07x where two_level was
+// up to 1.57x, and keeps them.
+
+/// Whether `ranks` ranks on nodes of at most `node_ranks`, filled in order, take
+/// two_level at every size: several nodes, the last not full, and either holding
+/// fewer than half a node or one of three nodes.
+constexpr bool uneven_two_level(int ranks, int node_ranks) noexcept {
+    if (node_ranks <= 1 || ranks <= node_ranks) {
+        return false;
+    }
+    const int last = ranks % node_ranks;
+    const int nodes = (ranks + node_ranks - 1) / node_ranks;
+    return last != 0 && (2 * last < node_ranks || nodes == 3);
+}
+
 /// The smallest all-reduce, in bytes, that two_level carries over `nodes` nodes.
 constexpr std::size_t two_level_min_bytes(int nodes) noexcept {
     return nodes <= 2   ? two_nodes_two_level_min_bytes
@@ -429,6 +454,9 @@ constexpr bool direct_all_reduce(std::size_t bytes, int ranks, int node_ranks) n
 constexpr algorithm all_reduce(std::size_t bytes, int ranks, int node_ranks) noexcept {
     if (direct_all_reduce(bytes, ranks, node_ranks)) {
         return algorithm::rank_ordered;
+    }
+    if (uneven_two_level(ranks, node_ranks)) {
+        return algorithm::two_level;
     }
     const bool one_node = node_ranks >= ranks;
     const algorithm flat = all_reduce_by_size(bytes, ranks, one_node);
