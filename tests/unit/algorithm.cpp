@@ -166,8 +166,8 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
     CHECK(all_reduce(std::size_t{1} << 24, 12, 1) == algorithm::ring);
     CHECK(all_reduce(std::size_t{1} << 24, 6, 2) == algorithm::ring); // up to odd_some_ranks
     // Nodes not all full: two_level at every size where the last node holds fewer
-    // than half a node (9, 10, 11, 17, 26 ranks on nodes of 8) or on three nodes (20,
-    // 22); the tuning as for full nodes where the last is at least half full on
+    // than half a node (9, 10, 11, 17, 26, 34 ranks on nodes of 8) or on three nodes
+    // (20, 22); the tuning as for full nodes where the last is at least half full on
     // other node counts (12, 15, 28, 36, 52), and for full nodes (24, 40).
     for (std::size_t bytes = 8; bytes <= (std::size_t{1} << 30); bytes *= 8) {
         CAPTURE(bytes);

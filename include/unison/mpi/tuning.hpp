@@ -382,10 +382,10 @@ static_assert(many_ranks_rabenseifner_min_bytes < two_level_max_bytes,
 // partner on another node at nearly every step), and recursive doubling pays the
 // fold: at 9, 10, 11, 17, 18 and 26 ranks the tuning's choice was up to
 // 1.20-2.36x MPI's best, two_level 0.38-1.06x at every size. On three nodes the
-// leaders meet in one group of three: at 20 and 22 ranks two_level was 0.52-0.77x, the tuning's choice
-// up to 1.12x. With the last node at least half full on 2, 4, 5 or 7 nodes (12-15,
-// 28, 30, 36, 52 ranks) the tuning's choice stayed within 1.07x where two_level was
-// up to 1.57x, and keeps them.
+// leaders meet in one group of three: at 20 and 22 ranks two_level was 0.52-0.77x,
+// the tuning's choice up to 1.12x. With the last node at least half full on 2, 4,
+// 5 or 7 nodes (12-15, 28, 30, 36, 52 ranks) the tuning's choice stayed within
+// 1.07x where two_level was up to 1.57x, and keeps them.
 
 /// Whether `ranks` ranks on nodes of at most `node_ranks`, filled in order, take
 /// two_level at every size: several nodes, the last not full, and either holding
@@ -394,7 +394,7 @@ constexpr bool uneven_two_level(int ranks, int node_ranks) noexcept {
     if (node_ranks <= 1 || ranks <= node_ranks) {
         return false;
     }
-    const int last = ranks % node_ranks;
+    const int last = ranks % node_ranks; // the last node's ranks, 0 when full
     const int nodes = (ranks + node_ranks - 1) / node_ranks;
     return last != 0 && (2 * last < node_ranks || nodes == 3);
 }
