@@ -10,8 +10,10 @@
 // buffer, as nccl-tests count it: a reduce_scatter's input and an all_gather's
 // output, each rank's block being size / ranks (MPI_Reduce_scatter_block and
 // MPI_Allgather the MPI's calls). A forced algorithm reaches the reduce_scatter
-// as comm_options::all_reduce_algorithm does (native and rank_ordered; the rest
-// leave the tuning's choice) and the all_gather not at all.
+// and the all_gather as comm_options::all_reduce_algorithm does (those each
+// takes, mpi/tuning.hpp: rabenseifner, native and rank_ordered for the
+// reduce_scatter, recursive_doubling, two_level, ring and native for the
+// all_gather; the rest leave the tuning's choice).
 //
 // For each size, each of unison's algorithms named by -a (automatic, the tuning's
 // choice, by default; `all` for every one, `none` for MPI's alone) and then
@@ -25,9 +27,9 @@
 //
 // Output, one CSV row per size and algorithm (rank 0):
 //   ranks,bytes,algorithm,chosen,us,correct
-// where `chosen` is the algorithm that ran (automatic's pick; native for an
-// all_gather, which posts MPI_Iallgather after the check), and `us` for the row
-// algorithm "mpi" is the MPI call's time.
+// where `chosen` is the algorithm that ran (automatic's pick, or the tuning's
+// where a forced one does not apply), and `us` for the row algorithm "mpi" is the
+// MPI call's time.
 
 #include "../common/bench_config.hpp"
 

@@ -210,17 +210,21 @@ TEST_CASE("mpi reduce_scatter: recursive halving checks the call and loses nothi
 }
 
 TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
-    // recursive_doubling (the call check riding every message), the ring and native
-    // (MPI's own) after the check, forced, and the tuning's choice, on one node and
-    // with every 2 ranks taken as a node (where the tuning runs the ring from 64
-    // KiB: 70001 doubles).
+    // recursive_doubling (the call check riding every message), the ring, two_level
+    // (the node-aware one) and native (MPI's own) after the check, forced, and the
+    // tuning's choice, on one node and with every 2 ranks taken as a node (where at
+    // 4 ranks the tuning runs recursive doubling up to 1000 doubles, the ring at
+    // 5000 and two_level at 70001); two_level also over nodes of 1 and 3 (at 4 ranks
+    // a node of 3 and one of 1, at 3 ranks one node).
     struct run {
         unison::algorithm a;
         int ranks_per_node;
     };
     for (run r : {run{unison::algorithm::automatic, 0},
                   run{unison::algorithm::recursive_doubling, 0}, run{unison::algorithm::ring, 0},
-                  run{unison::algorithm::native, 0}, run{unison::algorithm::automatic, 2}}) {
+                  run{unison::algorithm::native, 0}, run{unison::algorithm::two_level, 0},
+                  run{unison::algorithm::automatic, 2}, run{unison::algorithm::two_level, 1},
+                  run{unison::algorithm::two_level, 2}, run{unison::algorithm::two_level, 3}}) {
         const unison::algorithm a = r.a;
         CAPTURE(unison::to_string(a));
         CAPTURE(r.ranks_per_node);
@@ -234,9 +238,11 @@ TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
                        ? a
                        : unison::mpi_tuning::all_gather(probe, n, comm.node_ranks())));
         }
-        if (r.ranks_per_node == 2 && n == 4) {
-            CHECK(comm.all_gather_algorithm(70001 * ranks * sizeof(double)) ==
+        if (a == unison::algorithm::automatic && r.ranks_per_node == 2 && n == 4) {
+            CHECK(comm.all_gather_algorithm(5000 * ranks * sizeof(double)) ==
                   unison::algorithm::ring);
+            CHECK(comm.all_gather_algorithm(70001 * ranks * sizeof(double)) ==
+                  unison::algorithm::two_level);
         }
         std::uint64_t seed = 700;
         for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000},
@@ -273,10 +279,11 @@ TEST_CASE("mpi all_gather: every algorithm checks the call and loses nothing") {
     // Rank n-1, or rank 0 (which folds in at 3 ranks), passes a larger block (one
     // element more, or three times as many; tuned on one node, 800 floats per rank
     // take recursive doubling and the triple MPI's own at 2-4 ranks): every rank
-    // hears of it, and no output is written. The ring checks before it moves data.
+    // hears of it, and no output is written. The ring and two_level (over nodes of
+    // 2) check before they move data.
     for (unison::algorithm a : {unison::algorithm::recursive_doubling, unison::algorithm::automatic,
-                                unison::algorithm::ring}) {
-        auto comm = forced(a);
+                                unison::algorithm::ring, unison::algorithm::two_level}) {
+        auto comm = a == unison::algorithm::two_level ? on_nodes(a, 2) : forced(a);
         const int rank = comm.rank(), n = comm.size();
         if (n < 2) {
             return;

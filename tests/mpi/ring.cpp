@@ -3,11 +3,14 @@
 // the communicator every chunk below a GiB goes as one message per step, and only
 // these cases cut chunks into segments. Also over several tensors laid end to end
 // (a coalesced all-reduce's runs), cut at their edges and at the message limits.
+// The node-aware all_gather (mpi/detail/node_all_gather.hpp), which cuts its runs
+// of blocks the same way, likewise.
 
 #include <unison/mpi.hpp>
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -198,6 +201,72 @@ TEST_CASE("mpi ring: runs of several tensors give the serial result, message lim
                     }
                 }
                 CHECK_MESSAGE(wrong == 0, wrong, " wrong, the first at ", first_wrong);
+            }
+        }
+    }
+}
+
+TEST_CASE("mpi node all_gather: segmented runs over any node layout give every block") {
+    // Driven directly, past the call check, with small message limits so that runs
+    // of blocks are cut into several messages, over layouts that the communicator's
+    // options cannot make (ranks of a node not consecutive): blocks of 2, round
+    // robin over 2 nodes, every rank its own node, one node.
+    const world w;
+    const int rank = w.rank, n = w.size;
+    std::uint64_t sequence = 0;
+    for (int layout = 0; layout < 4; ++layout) {
+        std::vector<int> node_of(static_cast<std::size_t>(n));
+        for (int r = 0; r < n; ++r) {
+            node_of[static_cast<std::size_t>(r)] = layout == 0   ? r / 2
+                                                   : layout == 1 ? r % 2
+                                                   : layout == 2 ? r
+                                                                 : 0;
+        }
+        const auto plan = unison::detail::plan_node_all_gather(
+            rank, unison::detail::node_layout::of(node_of, rank));
+        for (std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{1031}}) {
+            for (std::size_t segment_bytes :
+                 {std::size_t{4}, std::size_t{100}, unison::detail::mpi_message_max_bytes}) {
+                for (bool in_place : {false, true}) {
+                    CAPTURE(layout);
+                    CAPTURE(count);
+                    CAPTURE(segment_bytes);
+                    CAPTURE(in_place);
+                    const std::uint64_t seed = sequence * 7919 + 5;
+                    std::vector<float> mine(count), out(count * static_cast<std::size_t>(n), -1.0f);
+                    for (std::size_t i = 0; i < count; ++i) {
+                        mine[i] = value(rank, i, seed);
+                    }
+                    float* own = out.data() + count * static_cast<std::size_t>(rank);
+                    if (in_place) {
+                        std::copy(mine.begin(), mine.end(), own);
+                    }
+                    unison::collective_call call{unison::operation::all_gather,
+                                                 in_place ? own : mine.data(), out.data(), count};
+                    call.type = unison::dtype::f32;
+                    const unison::detail::call_label label{unison::operation::all_gather, sequence};
+                    unison::detail::mpi_node_all_gather gather(w.comm, rank, call, label, sequence,
+                                                               plan, segment_bytes);
+                    ++sequence;
+                    gather.start();
+                    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+                    bool done = false;
+                    while (!(done = gather.progress()) &&
+                           std::chrono::steady_clock::now() < until) {
+                    }
+                    if (!done) {
+                        gather.cancel(std::chrono::milliseconds(100));
+                    }
+                    REQUIRE(done);
+                    std::size_t wrong = 0;
+                    for (int q = 0; q < n; ++q) {
+                        for (std::size_t i = 0; i < count; ++i) {
+                            wrong +=
+                                out[static_cast<std::size_t>(q) * count + i] != value(q, i, seed);
+                        }
+                    }
+                    CHECK(wrong == 0);
+                }
             }
         }
     }

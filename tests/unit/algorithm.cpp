@@ -275,8 +275,8 @@ TEST_CASE("mpi tuning: the reduce_scatter halves small buffers on one node and m
     }
 }
 
-TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers, the ring over "
-          "nodes of several ranks, MPI's own for the rest; any of the three when forced") {
+TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers, two_level and "
+          "the ring over nodes of several ranks, MPI's own for the rest; any of four when forced") {
     using unison::algorithm;
     namespace tuning = unison::mpi_tuning;
     // node_ranks: the most ranks on one node (ranks: one node; 1: a rank per node).
@@ -292,7 +292,28 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
           algorithm::recursive_doubling);
     CHECK(tuned(tuning::all_gather_doubling_max_bytes - 1, 24, 1) == algorithm::recursive_doubling);
     CHECK(tuned(tuning::all_gather_doubling_max_bytes, 24, 1) == algorithm::native);
-    CHECK(tuned(tuning::all_gather_doubling_max_bytes - 1, 32, 8) == algorithm::recursive_doubling);
+    // Over nodes of several ranks: recursive doubling, two_level, the ring, two_level.
+    for (int ranks : {4, 12, 16, 32, 64, 1024}) {
+        for (int per : {2, 3, 8}) {
+            if (per >= ranks) {
+                continue;
+            }
+            CAPTURE(ranks);
+            CAPTURE(per);
+            CHECK(tuned(tuning::nodes_all_gather_two_level_min_bytes - 1, ranks, per) ==
+                  algorithm::recursive_doubling);
+            CHECK(tuned(tuning::nodes_all_gather_two_level_min_bytes, ranks, per) ==
+                  algorithm::two_level);
+            CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes - 1, ranks, per) ==
+                  algorithm::two_level);
+            CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes, ranks, per) == algorithm::ring);
+            CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes - 1, ranks, per) ==
+                  algorithm::ring);
+            CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes, ranks, per) ==
+                  algorithm::two_level);
+            CHECK(tuned(std::size_t{1} << 34, ranks, per) == algorithm::two_level);
+        }
+    }
     // With a rank per node, recursive doubling while the blocks are small, past the
     // whole buffer's bound at 32 ranks and more; never over nodes of several ranks
     // or on one node.
@@ -309,21 +330,18 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
     CHECK(tuned(block * 64, 64, 64) == algorithm::native);
     for (std::size_t bytes = tuning::all_gather_doubling_max_bytes; bytes <= (std::size_t{1} << 34);
          bytes *= 4) {
-        CHECK(tuned(bytes, 32, 8) == algorithm::ring);
-        CHECK(tuned(bytes, 12, 2) == algorithm::ring);
         CHECK(tuned(bytes, 8, 8) == algorithm::native); // one node
         CHECK(tuned(bytes, 1024, 1) ==
               (bytes / 1024 <= block ? algorithm::recursive_doubling : algorithm::native));
     }
     for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20}) {
-        for (algorithm forced :
-             {algorithm::recursive_doubling, algorithm::ring, algorithm::native}) {
+        for (algorithm forced : {algorithm::recursive_doubling, algorithm::two_level,
+                                 algorithm::ring, algorithm::native}) {
             CHECK(unison::mpi_all_gather_algorithm(forced, bytes, 8, 1) == forced);
             CHECK(unison::mpi_all_gather_algorithm(forced, bytes, 8, 8) == forced);
         }
         // The reductions' other algorithms leave the all_gather to the tuning.
-        for (algorithm other :
-             {algorithm::rabenseifner, algorithm::rank_ordered, algorithm::two_level}) {
+        for (algorithm other : {algorithm::rabenseifner, algorithm::rank_ordered}) {
             CHECK(unison::mpi_all_gather_algorithm(other, bytes, 8, 1) == tuned(bytes, 8, 1));
             CHECK(unison::mpi_all_gather_algorithm(other, bytes, 16, 8) == tuned(bytes, 16, 8));
         }

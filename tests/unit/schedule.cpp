@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <deque>
@@ -268,4 +269,154 @@ TEST_CASE("schedules: three times a power of two takes a group of three, others 
         CHECK(doubling_shape_of(n).participants ==
               static_cast<int>(std::bit_floor(static_cast<unsigned>(n))));
     }
+}
+
+namespace {
+
+/// Runs every rank's node-aware all_gather schedule over nodes named by `node_of`:
+/// a message carries the blocks its sender lists, which the sender must hold when
+/// it posts the step, and must list the same blocks as the receive it meets (the
+/// runs both cut them into then pair up). Every rank must end with every block,
+/// none received twice, and only leaders may send across nodes, once per step.
+void check_node_all_gather(const std::vector<int>& node_of, const std::string& name) {
+    using unison::detail::gather_message;
+    using unison::detail::gather_step;
+    const int n = static_cast<int>(node_of.size());
+    CAPTURE(name);
+    CAPTURE(n);
+    struct rank_run {
+        std::vector<gather_step> plan;
+        std::size_t at = 0;
+        bool posted = false;
+        std::vector<int> holds; ///< how often each block arrived (or was its own)
+    };
+    std::vector<rank_run> ranks(static_cast<std::size_t>(n));
+    std::map<std::pair<int, int>, std::deque<std::vector<int>>> wire; // (from, to)
+    bool sends_held = true, lists_pair = true, leaders_only = true;
+    std::size_t most_steps = 0;
+    int nodes = 0;
+    for (int r = 0; r < n; ++r) {
+        rank_run& me = ranks[static_cast<std::size_t>(r)];
+        const node_layout l = node_layout::of(node_of, r);
+        nodes = static_cast<int>(l.leaders.size());
+        me.plan = unison::detail::plan_node_all_gather(r, l);
+        me.holds.assign(static_cast<std::size_t>(n), 0);
+        me.holds[static_cast<std::size_t>(r)] = 1;
+        most_steps = std::max(most_steps, me.plan.size());
+        for (const gather_step& s : me.plan) {
+            int across = 0;
+            for (const gather_message& m : s.sends) {
+                across += node_of[static_cast<std::size_t>(m.peer)] !=
+                                  node_of[static_cast<std::size_t>(r)]
+                              ? 1
+                              : 0;
+            }
+            leaders_only = leaders_only && (across == 0 || (r == l.members.front() && across == 1));
+        }
+    }
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int r = 0; r < n; ++r) {
+            rank_run& me = ranks[static_cast<std::size_t>(r)];
+            if (me.at == me.plan.size()) {
+                continue;
+            }
+            const gather_step& s = me.plan[me.at];
+            if (!me.posted) {
+                for (const gather_message& m : s.sends) {
+                    for (int b : m.blocks) {
+                        sends_held = sends_held && me.holds[static_cast<std::size_t>(b)] > 0;
+                    }
+                    wire[{r, m.peer}].push_back(m.blocks);
+                }
+                me.posted = true;
+                moved = true;
+            }
+            bool all_here = true;
+            for (const gather_message& m : s.recvs) {
+                all_here = all_here && !wire[{m.peer, r}].empty();
+            }
+            if (!all_here) {
+                continue;
+            }
+            for (const gather_message& m : s.recvs) {
+                auto& q = wire[{m.peer, r}];
+                lists_pair = lists_pair && q.front() == m.blocks;
+                for (int b : q.front()) {
+                    ++me.holds[static_cast<std::size_t>(b)];
+                }
+                q.pop_front();
+            }
+            ++me.at;
+            me.posted = false;
+            moved = true;
+        }
+    }
+    bool completed = true, exact = true, leftovers = false;
+    for (const rank_run& me : ranks) {
+        completed = completed && me.at == me.plan.size();
+        exact = exact && me.holds == std::vector<int>(static_cast<std::size_t>(n), 1);
+    }
+    for (const auto& [pair, q] : wire) {
+        leftovers = leftovers || !q.empty();
+    }
+    CHECK(completed);
+    CHECK_FALSE(leftovers);
+    CHECK(sends_held);
+    CHECK(lists_pair);
+    CHECK(exact);
+    CHECK(leaders_only);
+    // Gather, ceil(log2 L) exchanges among the leaders, the node's share.
+    const int bruck = static_cast<int>(std::bit_width(static_cast<unsigned>(nodes - 1)));
+    CHECK(most_steps <= static_cast<std::size_t>(bruck + 2));
+}
+
+} // namespace
+
+TEST_CASE("schedules: the node-aware all_gather gives every rank every block once") {
+    std::mt19937 rng(11);
+    for (int n = 1; n <= 40; ++n) {
+        for (int per : {1, 2, 3, 4, 8}) {
+            std::vector<int> blocks(static_cast<std::size_t>(n)), round_robin = blocks;
+            const int nodes = (n + per - 1) / per;
+            for (int r = 0; r < n; ++r) {
+                blocks[static_cast<std::size_t>(r)] = r / per;
+                round_robin[static_cast<std::size_t>(r)] = r % nodes;
+            }
+            check_node_all_gather(blocks, "blocks of " + std::to_string(per));
+            check_node_all_gather(round_robin, "round robin over " + std::to_string(nodes));
+        }
+        std::vector<int> random(static_cast<std::size_t>(n));
+        for (int& node : random) {
+            node = static_cast<int>(rng() % 5) * 100;
+        }
+        check_node_all_gather(random, "random over 5 nodes");
+    }
+    std::vector<int> big(128), odd(100);
+    for (int r = 0; r < 128; ++r) {
+        big[static_cast<std::size_t>(r)] = r / 8;
+    }
+    for (int r = 0; r < 100; ++r) {
+        odd[static_cast<std::size_t>(r)] = r / 7;
+    }
+    check_node_all_gather(big, "128 in nodes of 8");
+    check_node_all_gather(odd, "100 in nodes of 7");
+    // Nodes in order: a leader's message to another leader is one run per node, and
+    // to its node's ranks two runs (the blocks before and after theirs).
+    std::vector<int> eight(64);
+    for (int r = 0; r < 64; ++r) {
+        eight[static_cast<std::size_t>(r)] = r / 8;
+    }
+    const auto plan = unison::detail::plan_node_all_gather(8, node_layout::of(eight, 8));
+    REQUIRE(plan.size() == 5); // gather, 3 exchanges, the node's share
+    CHECK(plan[0].recvs.size() == 7);
+    CHECK(plan[1].sends.front().peer == 0);
+    CHECK(plan[1].recvs.front().peer == 16);
+    CHECK(plan[3].sends.front().blocks.size() == 32); // nodes 1-4 to leader 1 - 4 = 5 (40)
+    CHECK(plan[3].sends.front().peer == 40);
+    CHECK(plan[4].sends.size() == 7);
+    const auto member = unison::detail::plan_node_all_gather(13, node_layout::of(eight, 13));
+    REQUIRE(member.size() == 1);
+    CHECK(member[0].sends.front().blocks == std::vector<int>{13});
+    CHECK(member[0].recvs.front().blocks.size() == 63);
 }

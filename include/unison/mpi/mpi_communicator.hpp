@@ -127,8 +127,8 @@ public:
     }
 
     /// The algorithm an all_gather of `bytes` in all (count times the ranks) runs on
-    /// this communicator: recursive_doubling, ring or native (MPI's own), forced like
-    /// the all-reduce's or the tuning's choice.
+    /// this communicator: recursive_doubling, two_level (node-aware), ring or native
+    /// (MPI's own), forced like the all-reduce's or the tuning's choice.
     algorithm all_gather_algorithm(std::size_t bytes) const noexcept {
         return mpi_all_gather_algorithm(state_->forced, bytes, state_->size,
                                         state_->nodes.node_ranks);

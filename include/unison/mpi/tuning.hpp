@@ -18,7 +18,10 @@
 ///   ranks reduce into its lowest over a binomial tree, those leaders run recursive
 ///   doubling, the result goes back down, all inside the call check as well; for
 ///   small buffers over several nodes of several ranks each, whose NICs would
-///   otherwise carry every rank's message at every step;
+///   otherwise carry every rank's message at every step; for an all_gather over such
+///   nodes, after the check (node_all_gather.hpp), each node's blocks gathered at
+///   its leader, the leaders exchanging whole nodes, each sending the result to its
+///   node, for mid-sized and large ones;
 /// - rabenseifner (rabenseifner.hpp): recursive halving then doubling, the call check
 ///   riding the halving: 2 log2(n) messages and twice the data, for everything
 ///   larger; its halving alone is the reduce_scatter over several nodes and for
@@ -217,15 +220,17 @@ constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, bool one_node) 
     return algorithm::rabenseifner;
 }
 
-// ---- all_gather. Three ways: recursive doubling with the call check riding every
+// ---- all_gather. Four ways: recursive doubling with the call check riding every
 // message (rabenseifner.hpp's all_gather: log2(n) steps, the data gathered in
 // scratch and copied out at the end); after the check (a recursive doubling of its
-// own, before any data moves), the ring (ring_allreduce.hpp's second half: n - 1
-// steps, each rank's block passed on to the next rank, straight into the outputs)
-// or MPI's own (native).
+// own, before any data moves), the node-aware one (two_level, node_all_gather.hpp:
+// each node's blocks gathered at its leader, the leaders exchanging whole nodes'
+// blocks in ceil(log2 nodes) steps, each leader sending the result to its node),
+// the ring (ring_allreduce.hpp's second half: n - 1 steps, each rank's block passed
+// on to the next rank, straight into the outputs) or MPI's own (native).
 //
 // Measured in simulation (docs/measurements.md, "reduce_scatter and all_gather at
-// scale"; 4 to 32 ranks on the three clusters): recursive doubling was 1.02-1.09x
+// scale"; 4 to 64 ranks on the three clusters): recursive doubling was 1.02-1.09x
 // MPI's best at 1-8 KiB across nodes where native was 1.44-2.59x; at 64 KiB and
 // more it was sometimes far behind (1.81-2.22x at 32 ranks on nodes of 8, where
 // native was 1.33-2.43x). On one node, measured for real (Open MPI 4.1, 2
@@ -236,17 +241,24 @@ constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, bool one_node) 
 // Over nodes of several ranks, every message of recursive doubling and of the
 // MPI's own crosses the node's one NIC beside the node's other ranks' (the
 // simulated MPI's non-blocking all-gather posts every block to every rank at
-// once), while the ring, ranks numbered node by node, sends one block at a time
-// out of each node. Over MPI's best on nodes of 8 (16 and 32 ranks): from 64 KiB
-// the ring 0.42-0.93x, native 0.63-2.43x, recursive doubling 0.64-2.51x; at 4-16
-// KiB the ring 2.44-3.56x (n - 1 latencies), recursive doubling 1.04-1.07x. With one
-// rank per node or on one node the ring lost to native at every size from 64 KiB
-// (0.83-4.38x against 0.26-1.62x), so it runs only over several nodes of several
-// ranks.
+// once); the ring, ranks numbered node by node, sends one block at a time out of
+// each node but pays n - 1 latencies; the node-aware one sends one message per
+// node and step, but its check runs before it and its leaders' messages are
+// whole nodes (a rendezvous each from 64 KiB). Over MPI's best on nodes of 8
+// (16, 32 and 64 ranks, 2026-12-06): at 4-16 KiB recursive doubling 1.04-1.06x
+// (1.36x at 64 ranks and 16 KiB), two_level 1.53-1.95x, the ring 2.44-3.56x; at
+// 32 KiB two_level 0.93 / 1.07x at 16 / 32 ranks, recursive doubling 0.89 /
+// 1.48x; at 64 KiB two_level 0.66-0.83x, the ring 0.75-1.18x; from 128 to 512 KiB
+// the ring 0.42-0.89x, two_level 0.38-1.22x; from 1 MiB two_level 0.11-0.77x, the
+// ring 0.41-1.83x (1.83 at 16 ranks and 1 MiB, where its 64 KiB blocks each wait
+// for a rendezvous). With one rank per node or on one node the ring lost to
+// native at every size from 64 KiB (0.83-4.38x against 0.26-1.62x), and two_level
+// too (1.02-2.03x on 8 and 32 ranks of the flat cluster and the fat tree, native
+// 0.23-0.96x), so they run only over several nodes of several ranks.
 
 /// Recursive doubling below this many bytes (the output: count times the ranks)
-/// over several nodes, from there the ring over nodes of several ranks and MPI's
-/// own over nodes of one (but see all_gather_doubling_max_block_bytes) ...
+/// over nodes of one rank, from there MPI's own (but see
+/// all_gather_doubling_max_block_bytes) ...
 inline constexpr std::size_t all_gather_doubling_max_bytes = 64 * 1024;
 /// ... and on one node.
 inline constexpr std::size_t node_all_gather_doubling_max_bytes = 16 * 1024;
@@ -259,11 +271,21 @@ inline constexpr std::size_t node_all_gather_doubling_max_bytes = 16 * 1024;
 /// 0.93 / 1.04x against 1.06 / 1.11x. At 16 ranks and 64 KiB (4 KiB blocks) MPI's
 /// own led on the fat tree (0.87 against 1.08x), so the bound is 2 KiB.
 inline constexpr std::size_t all_gather_doubling_max_block_bytes = 2 * 1024;
+/// Over nodes of several ranks: recursive doubling below this many bytes, then
+/// two_level ...
+inline constexpr std::size_t nodes_all_gather_two_level_min_bytes = 32 * 1024;
+/// ... the ring from this many ...
+inline constexpr std::size_t nodes_all_gather_ring_min_bytes = 128 * 1024;
+/// ... and two_level again from this many.
+inline constexpr std::size_t nodes_all_gather_ring_max_bytes = 1024 * 1024;
 
 static_assert(node_all_gather_doubling_max_bytes <= all_gather_doubling_max_bytes,
               "a node's shared memory makes MPI's own all-gather cheap sooner");
 static_assert(all_gather_doubling_max_block_bytes * 16 < all_gather_doubling_max_bytes,
               "at 16 ranks and fewer the whole buffer's bound decides");
+static_assert(nodes_all_gather_two_level_min_bytes < nodes_all_gather_ring_min_bytes &&
+                  nodes_all_gather_ring_min_bytes < nodes_all_gather_ring_max_bytes,
+              "over nodes of several ranks each algorithm has a range of sizes");
 
 /// The algorithm that carries an all_gather of `bytes` in all over `ranks` ranks;
 /// `node_ranks` is the most ranks one node holds (`ranks` when every rank shares
@@ -272,17 +294,20 @@ constexpr algorithm all_gather(std::size_t bytes, int ranks, int node_ranks) noe
     if (ranks <= 1) {
         return algorithm::native;
     }
-    const bool one_node = node_ranks >= ranks;
-    if (bytes < (one_node ? node_all_gather_doubling_max_bytes : all_gather_doubling_max_bytes)) {
-        return algorithm::recursive_doubling;
-    }
-    if (one_node) {
-        return algorithm::native;
+    if (node_ranks >= ranks) { // one node
+        return bytes < node_all_gather_doubling_max_bytes ? algorithm::recursive_doubling
+                                                          : algorithm::native;
     }
     if (node_ranks > 1) {
-        return algorithm::ring;
+        if (bytes < nodes_all_gather_two_level_min_bytes) {
+            return algorithm::recursive_doubling;
+        }
+        return bytes >= nodes_all_gather_ring_min_bytes && bytes < nodes_all_gather_ring_max_bytes
+                   ? algorithm::ring
+                   : algorithm::two_level;
     }
-    return bytes / static_cast<std::size_t>(ranks) <= all_gather_doubling_max_block_bytes
+    return bytes < all_gather_doubling_max_bytes ||
+                   bytes / static_cast<std::size_t>(ranks) <= all_gather_doubling_max_block_bytes
                ? algorithm::recursive_doubling
                : algorithm::native;
 }
@@ -517,16 +542,16 @@ constexpr algorithm mpi_reduce_scatter_algorithm(algorithm forced, std::size_t b
 
 /// The algorithm the MPI backend's all_gather of `bytes` in all runs over `ranks`
 /// ranks (`node_ranks`: the most of them on one node), `forced` being
-/// mpi_forced_algorithm's: recursive_doubling, ring or native when forced,
-/// otherwise (any other algorithm forced, the all-reduce's or the reductions') the
-/// tuning's choice.
+/// mpi_forced_algorithm's: recursive_doubling, two_level (node_all_gather.hpp), ring
+/// or native when forced, otherwise (any other algorithm forced, the reductions')
+/// the tuning's choice.
 constexpr algorithm mpi_all_gather_algorithm(algorithm forced, std::size_t bytes, int ranks,
                                              int node_ranks) noexcept {
     if (ranks <= 1) {
         return algorithm::native;
     }
-    return forced == algorithm::recursive_doubling || forced == algorithm::ring ||
-                   forced == algorithm::native
+    return forced == algorithm::recursive_doubling || forced == algorithm::two_level ||
+                   forced == algorithm::ring || forced == algorithm::native
                ? forced
                : mpi_tuning::all_gather(bytes, ranks, node_ranks);
 }

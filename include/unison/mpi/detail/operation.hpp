@@ -27,6 +27,7 @@
 #include "unison/mpi/detail/abandoned.hpp"
 #include "unison/mpi/detail/handshake.hpp"
 #include "unison/mpi/detail/mpi_check.hpp"
+#include "unison/mpi/detail/node_all_gather.hpp"
 #include "unison/mpi/detail/peer_channel.hpp"
 #include "unison/mpi/detail/rabenseifner.hpp"
 #include "unison/mpi/detail/rank_ordered.hpp"
@@ -48,6 +49,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -168,7 +170,18 @@ public:
     std::string poisoned;
     std::vector<std::unique_ptr<mpi_operation>> abandoned;
 
+    /// This rank's schedule of the node-aware all_gather (made on first use).
+    std::span<const gather_step> node_gather_plan() {
+        if (!node_gather_plan_made_) {
+            node_gather_plan_ = plan_node_all_gather(rank, nodes);
+            node_gather_plan_made_ = true;
+        }
+        return node_gather_plan_;
+    }
+
 private:
+    std::vector<gather_step> node_gather_plan_;
+    bool node_gather_plan_made_ = false;
     std::vector<std::vector<std::byte>> scratch_;
     std::vector<std::unique_ptr<mpi_operation>> free_;
     std::deque<mpi_operation*> to_post_;
@@ -300,6 +313,7 @@ public:
         error_ = nullptr;
         phase_ = phase::posted;
         ring_.reset();
+        node_gather_.reset();
         rab_.reset();
         ordered_fold_.reset();
         state_.give_scratch(std::move(scratch_));
@@ -324,12 +338,15 @@ public:
         if (ordered_fold_) {
             return ordered_fold_->waiting_for();
         }
+        if (node_gather_) {
+            return node_gather_->waiting_for();
+        }
         return ring_ ? ring_->previous() : -1;
     }
     /// True when none of its requests is in MPI's hands.
     bool idle() const noexcept {
         return handshake_.idle() && active_ == 0 && !ring_ && (!rab_ || rab_->idle()) &&
-               (!ordered_fold_ || ordered_fold_->idle());
+               (!ordered_fold_ || ordered_fold_->idle()) && (!node_gather_ || node_gather_->idle());
     }
     /// True while only staging buffers (never the user's) are in MPI's hands.
     bool in_handshake() const noexcept { return phase_ == phase::handshake; }
@@ -355,6 +372,9 @@ public:
         }
         if (ordered_fold_) {
             return ordered_fold_->cancel(budget);
+        }
+        if (node_gather_) {
+            return node_gather_->cancel(budget);
         }
         if (active_ == 0) {
             return true;
@@ -551,6 +571,12 @@ private:
                 ring_->start(nullptr);
                 return;
             }
+            if (algorithm_ == algorithm::two_level) {
+                node_gather_.emplace(comm, state_.rank, call_, label_, sequence_,
+                                     state_.node_gather_plan());
+                node_gather_->start();
+                return;
+            }
             const bool in_place = static_cast<const std::byte*>(c.send) ==
                                   static_cast<const std::byte*>(c.recv) +
                                       static_cast<std::size_t>(state_.rank) * c.count * es;
@@ -692,6 +718,10 @@ private:
             if (!ordered_fold_->progress()) {
                 return;
             }
+        } else if (node_gather_) {
+            if (!node_gather_->progress()) {
+                return;
+            }
         } else {
             int flag = 0;
             MPI_Status statuses[2];
@@ -779,9 +809,10 @@ private:
     collective_span span_;
     bool divide_ = false;
     bool copy_back_ = false;
-    std::optional<mpi_ring_allreduce> ring_;       ///< all-reduces and all_gathers by the ring
-    std::optional<mpi_rabenseifner> rab_;          ///< rabenseifner.hpp's schedules only
-    std::optional<mpi_rank_ordered> ordered_fold_; ///< deterministic reductions only
+    std::optional<mpi_ring_allreduce> ring_;         ///< all-reduces and all_gathers by the ring
+    std::optional<mpi_rabenseifner> rab_;            ///< rabenseifner.hpp's schedules only
+    std::optional<mpi_rank_ordered> ordered_fold_;   ///< deterministic reductions only
+    std::optional<mpi_node_all_gather> node_gather_; ///< all_gathers by two_level
     std::vector<std::byte> scratch_;
     std::vector<std::byte> stage_;         ///< coalesced: the pieces copied, see stage_pieces
     bool stage_all_ = false;               ///< coalesced: every piece staged (a small call)

@@ -7,7 +7,10 @@
 /// for rank counts of three times a power of two, and the usual fold of the ranks
 /// beyond the participants), and the node-aware two-level one (a binomial tree
 /// inside each node up to its lowest rank, recursive doubling among those leaders,
-/// the tree back down). They are plain functions of the rank and of which ranks
+/// the tree back down). And the node-aware all_gather's (node_all_gather.hpp runs
+/// it, after the call check): each node's blocks gathered at its lowest rank, those
+/// leaders exchanging whole nodes' blocks by Bruck's doubling, each leader sending
+/// the result to its node. They are plain functions of the rank and of which ranks
 /// share a node, with no MPI in them, so that a test can run every rank's schedule
 /// in one process and check that the messages pair up and that every result holds
 /// every rank's data once.
@@ -26,18 +29,21 @@ namespace unison::detail {
 struct node_layout {
     std::vector<int> members; ///< the ranks on this rank's node, ascending
     std::vector<int> leaders; ///< the lowest rank of every node, ascending
+    std::vector<int> node;    ///< every rank's node: its leader's index in `leaders`
     int node_ranks = 1;       ///< the most ranks any node holds
 
     /// The layout that rank `rank` sees when rank r's node is named `node_of[r]`
     /// (any value; equal values share a node).
     static node_layout of(std::span<const int> node_of, int rank) {
         node_layout l;
-        std::unordered_map<int, int> count;
+        std::unordered_map<int, int> count, index;
         for (std::size_t r = 0; r < node_of.size(); ++r) {
             const int key = node_of[r];
             if (count[key]++ == 0) {
+                index[key] = static_cast<int>(l.leaders.size());
                 l.leaders.push_back(static_cast<int>(r));
             }
+            l.node.push_back(index[key]);
             l.node_ranks = std::max(l.node_ranks, count[key]);
             if (key == node_of[static_cast<std::size_t>(rank)]) {
                 l.members.push_back(static_cast<int>(r));
@@ -230,6 +236,96 @@ inline void plan_two_level(int rank, const node_layout& nodes, exchange_plan& pl
                                          false));
         }
     }
+}
+
+/// One message of the node-aware all_gather: the blocks of `blocks` (ranks,
+/// ascending), to or from `peer`. Sender and receiver list the same blocks, so the
+/// runs of consecutive ranks that the message travels as pair up.
+struct gather_message {
+    int peer = -1;
+    std::vector<int> blocks;
+};
+
+/// One step of the node-aware all_gather: messages posted together, all complete
+/// before the next step.
+struct gather_step {
+    std::vector<gather_message> sends, recvs;
+};
+
+/// The node-aware all_gather of `rank` over `nodes`, whose nodes are numbered by
+/// their leaders (the lowest rank of each), L of them:
+/// 1. every rank but a leader sends its block to its leader and, in the same step,
+///    posts the receive of every other block from it (the last step below);
+/// 2. a leader receives its node's blocks, then runs Bruck's all-gather among the
+///    leaders, any L: at distance d = 1, 2, 4, ... < L, leader j sends the nodes
+///    it holds, j .. j + min(d, L - d) - 1 (mod L), to leader j - d and receives
+///    as many from leader j + d, so that after ceil(log2 L) steps it holds all L;
+///    a node's blocks go as one message, whole runs of consecutive ranks;
+/// 3. a leader sends each member every block but the member's own.
+/// Only the leaders' messages cross between nodes, each carrying whole nodes.
+inline std::vector<gather_step> plan_node_all_gather(int rank, const node_layout& nodes) {
+    std::vector<gather_step> plan;
+    const std::vector<int>& m = nodes.members;
+    const int n = static_cast<int>(nodes.node.size());
+    const int leader = m.front();
+    const auto all_but = [n](int r) {
+        std::vector<int> b;
+        b.reserve(static_cast<std::size_t>(n > 0 ? n - 1 : 0));
+        for (int q = 0; q < n; ++q) {
+            if (q != r) {
+                b.push_back(q);
+            }
+        }
+        return b;
+    };
+    if (rank != leader) {
+        gather_step s;
+        s.sends.push_back({leader, {rank}});
+        s.recvs.push_back({leader, all_but(rank)});
+        plan.push_back(std::move(s));
+        return plan;
+    }
+    if (m.size() > 1) {
+        gather_step s;
+        for (std::size_t i = 1; i < m.size(); ++i) {
+            s.recvs.push_back({m[i], {m[i]}});
+        }
+        plan.push_back(std::move(s));
+    }
+    const std::vector<int>& l = nodes.leaders;
+    const int nodes_count = static_cast<int>(l.size());
+    const int j = static_cast<int>(std::find(l.begin(), l.end(), rank) - l.begin());
+    // The blocks of nodes first .. first + count - 1 (mod L), ascending.
+    const auto blocks_of = [&](int first, int count) {
+        std::vector<bool> in(static_cast<std::size_t>(nodes_count), false);
+        for (int k = 0; k < count; ++k) {
+            in[static_cast<std::size_t>((first + k) % nodes_count)] = true;
+        }
+        std::vector<int> b;
+        for (int q = 0; q < n; ++q) {
+            if (in[static_cast<std::size_t>(nodes.node[static_cast<std::size_t>(q)])]) {
+                b.push_back(q);
+            }
+        }
+        return b;
+    };
+    for (int d = 1; d < nodes_count; d <<= 1) {
+        const int count = std::min(d, nodes_count - d);
+        gather_step s;
+        s.sends.push_back({l[static_cast<std::size_t>((j - d + nodes_count) % nodes_count)],
+                           blocks_of(j, count)});
+        s.recvs.push_back(
+            {l[static_cast<std::size_t>((j + d) % nodes_count)], blocks_of(j + d, count)});
+        plan.push_back(std::move(s));
+    }
+    if (m.size() > 1) {
+        gather_step s;
+        for (std::size_t i = 1; i < m.size(); ++i) {
+            s.sends.push_back({m[i], all_but(m[i])});
+        }
+        plan.push_back(std::move(s));
+    }
+    return plan;
 }
 
 } // namespace unison::detail
