@@ -20,8 +20,10 @@ namespace unison {
 /// message and b the time per byte. The MPI backend's reduce_scatter runs
 /// rabenseifner's first half (recursive halving: log2(n) a + m b (n-1)/n),
 /// rank_ordered's fold or native, and its all_gather recursive_doubling (log2(n) a +
-/// m b (n-1)/n), ring's second half ((n-1) (a + m b / n)) or native; forcing one of
-/// those forces it there too.
+/// m b (n-1)/n), two_level (each node's blocks to its lowest rank, those exchanging
+/// whole nodes in ceil(log2(n/k)) steps, each sending its node the rest: 2 (a' +
+/// m b') + ceil(log2(n/k)) a + m b (n-k)/n over the network), ring's second half
+/// ((n-1) (a + m b / n)) or native; forcing one of those forces it there too.
 enum class algorithm : unsigned char {
     automatic, ///< the backend's tuning picks one by size and rank count
     /// log2(n) exchanges of the whole buffer: log2(n) (a + m b); on the MPI backend,
