@@ -277,13 +277,16 @@ namespace {
 /// a message carries the blocks its sender lists, which the sender must hold when
 /// it posts the step, and must list the same blocks as the receive it meets (the
 /// runs both cut them into then pair up). Every rank must end with every block,
-/// none received twice, and only leaders may send across nodes, once per step.
-void check_node_all_gather(const std::vector<int>& node_of, const std::string& name) {
+/// none received twice, only leaders may send across nodes, once per step, and no
+/// rank may send the whole buffer more often than its node's tree is deep.
+void check_node_all_gather(const std::vector<int>& node_of, const std::string& name,
+                           int flat_max_ranks) {
     using unison::detail::gather_message;
     using unison::detail::gather_step;
     const int n = static_cast<int>(node_of.size());
     CAPTURE(name);
     CAPTURE(n);
+    CAPTURE(flat_max_ranks);
     struct rank_run {
         std::vector<gather_step> plan;
         std::size_t at = 0;
@@ -292,27 +295,33 @@ void check_node_all_gather(const std::vector<int>& node_of, const std::string& n
     };
     std::vector<rank_run> ranks(static_cast<std::size_t>(n));
     std::map<std::pair<int, int>, std::deque<std::vector<int>>> wire; // (from, to)
-    bool sends_held = true, lists_pair = true, leaders_only = true;
+    bool sends_held = true, lists_pair = true, leaders_only = true, shallow = true;
     std::size_t most_steps = 0;
     int nodes = 0;
     for (int r = 0; r < n; ++r) {
         rank_run& me = ranks[static_cast<std::size_t>(r)];
         const node_layout l = node_layout::of(node_of, r);
         nodes = static_cast<int>(l.leaders.size());
-        me.plan = unison::detail::plan_node_all_gather(r, l);
+        me.plan = unison::detail::plan_node_all_gather(r, l, flat_max_ranks);
         me.holds.assign(static_cast<std::size_t>(n), 0);
         me.holds[static_cast<std::size_t>(r)] = 1;
         most_steps = std::max(most_steps, me.plan.size());
+        int down = 0; // messages down the node's tree
         for (const gather_step& s : me.plan) {
             int across = 0;
             for (const gather_message& m : s.sends) {
-                across += node_of[static_cast<std::size_t>(m.peer)] !=
-                                  node_of[static_cast<std::size_t>(r)]
-                              ? 1
-                              : 0;
+                const bool other_node = node_of[static_cast<std::size_t>(m.peer)] !=
+                                        node_of[static_cast<std::size_t>(r)];
+                across += other_node ? 1 : 0;
+                down += !other_node && m.blocks != std::vector<int>{r} ? 1 : 0;
             }
             leaders_only = leaders_only && (across == 0 || (r == l.members.front() && across == 1));
         }
+        const int k = static_cast<int>(l.members.size());
+        const int depth = k <= flat_max_ranks
+                              ? k - 1 // one level: the leader sends to each
+                              : static_cast<int>(std::bit_width(static_cast<unsigned>(k - 1)));
+        shallow = shallow && down <= depth;
     }
     for (bool moved = true; moved;) {
         moved = false;
@@ -366,9 +375,18 @@ void check_node_all_gather(const std::vector<int>& node_of, const std::string& n
     CHECK(lists_pair);
     CHECK(exact);
     CHECK(leaders_only);
+    CHECK(shallow);
     // Gather, ceil(log2 L) exchanges among the leaders, the node's share.
     const int bruck = static_cast<int>(std::bit_width(static_cast<unsigned>(nodes - 1)));
     CHECK(most_steps <= static_cast<std::size_t>(bruck + 2));
+}
+
+/// Down a binomial tree in every node, and from the leader directly in nodes of up
+/// to 8 (the MPI backend's choice) or in every node.
+void check_layouts(const std::vector<int>& node_of, const std::string& name) {
+    for (int flat_max_ranks : {1, 8, 1 << 20}) {
+        check_node_all_gather(node_of, name, flat_max_ranks);
+    }
 }
 
 } // namespace
@@ -383,14 +401,14 @@ TEST_CASE("schedules: the node-aware all_gather gives every rank every block onc
                 blocks[static_cast<std::size_t>(r)] = r / per;
                 round_robin[static_cast<std::size_t>(r)] = r % nodes;
             }
-            check_node_all_gather(blocks, "blocks of " + std::to_string(per));
-            check_node_all_gather(round_robin, "round robin over " + std::to_string(nodes));
+            check_layouts(blocks, "blocks of " + std::to_string(per));
+            check_layouts(round_robin, "round robin over " + std::to_string(nodes));
         }
         std::vector<int> random(static_cast<std::size_t>(n));
         for (int& node : random) {
             node = static_cast<int>(rng() % 5) * 100;
         }
-        check_node_all_gather(random, "random over 5 nodes");
+        check_layouts(random, "random over 5 nodes");
     }
     std::vector<int> big(128), odd(100);
     for (int r = 0; r < 128; ++r) {
@@ -399,8 +417,8 @@ TEST_CASE("schedules: the node-aware all_gather gives every rank every block onc
     for (int r = 0; r < 100; ++r) {
         odd[static_cast<std::size_t>(r)] = r / 7;
     }
-    check_node_all_gather(big, "128 in nodes of 8");
-    check_node_all_gather(odd, "100 in nodes of 7");
+    check_layouts(big, "128 in nodes of 8");
+    check_layouts(odd, "100 in nodes of 7");
     // Nodes in order: a leader's message to another leader is one run per node, and
     // to its node's ranks two runs (the blocks before and after theirs).
     std::vector<int> eight(64);
@@ -408,15 +426,35 @@ TEST_CASE("schedules: the node-aware all_gather gives every rank every block onc
         eight[static_cast<std::size_t>(r)] = r / 8;
     }
     const auto plan = unison::detail::plan_node_all_gather(8, node_layout::of(eight, 8));
-    REQUIRE(plan.size() == 5); // gather, 3 exchanges, the node's share
+    REQUIRE(plan.size() == 5); // gather, 3 exchanges, down the node's tree
     CHECK(plan[0].recvs.size() == 7);
     CHECK(plan[1].sends.front().peer == 0);
     CHECK(plan[1].recvs.front().peer == 16);
     CHECK(plan[3].sends.front().blocks.size() == 32); // nodes 1-4 to leader 1 - 4 = 5 (40)
     CHECK(plan[3].sends.front().peer == 40);
-    CHECK(plan[4].sends.size() == 7);
+    // The node's binomial tree, the farthest child first: 8 -> 12, 10, 9; 12 -> 14, 13.
+    REQUIRE(plan[4].sends.size() == 3);
+    CHECK(plan[4].sends[0].peer == 12);
+    CHECK(plan[4].sends[1].peer == 10);
+    CHECK(plan[4].sends[2].peer == 9);
+    CHECK(plan[4].sends[0].blocks.size() == 63);
     const auto member = unison::detail::plan_node_all_gather(13, node_layout::of(eight, 13));
     REQUIRE(member.size() == 1);
+    CHECK(member[0].sends.front().peer == 8);
     CHECK(member[0].sends.front().blocks == std::vector<int>{13});
+    CHECK(member[0].recvs.front().peer == 12);
     CHECK(member[0].recvs.front().blocks.size() == 63);
+    // One level in nodes of up to flat_max_ranks: the leader sends to its 7 ranks.
+    const auto flat = unison::detail::plan_node_all_gather(8, node_layout::of(eight, 8), 8);
+    REQUIRE(flat.size() == 5);
+    CHECK(flat[4].sends.size() == 7);
+    CHECK(unison::detail::plan_node_all_gather(13, node_layout::of(eight, 13), 8)[0]
+              .recvs.front()
+              .peer == 8);
+    const auto inner = unison::detail::plan_node_all_gather(12, node_layout::of(eight, 12));
+    REQUIRE(inner.size() == 2);
+    CHECK(inner[0].recvs.front().peer == 8);
+    REQUIRE(inner[1].sends.size() == 2);
+    CHECK(inner[1].sends[0].peer == 14);
+    CHECK(inner[1].sends[1].peer == 13);
 }

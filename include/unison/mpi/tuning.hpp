@@ -279,6 +279,16 @@ inline constexpr std::size_t nodes_all_gather_ring_min_bytes = 128 * 1024;
 /// ... and two_level again from this many.
 inline constexpr std::size_t nodes_all_gather_ring_max_bytes = 1024 * 1024;
 
+/// The node-aware all_gather hands a node of at most this many ranks the result
+/// from its leader directly, a larger one down a binomial tree of its ranks. Over
+/// nodes of 8 in simulation (16-64 ranks, 16 KiB-4 MiB, 2026-12-06) the tree took
+/// 4-25% longer (its extra hops' latencies; a simulated node's ranks share one
+/// loopback link, so it saves no bytes there): 1.09x against 1.03x MPI's best at
+/// 32 ranks and 32 KiB, 0.35x against 0.28x at 16 ranks and 1 MiB. On a larger
+/// node the leader's k - 1 sends of the whole buffer would queue behind its own
+/// copies where the transport copies through shared buffers (not measured).
+inline constexpr int node_all_gather_flat_max_ranks = 8;
+
 static_assert(node_all_gather_doubling_max_bytes <= all_gather_doubling_max_bytes,
               "a node's shared memory makes MPI's own all-gather cheap sooner");
 static_assert(all_gather_doubling_max_block_bytes * 16 < all_gather_doubling_max_bytes,

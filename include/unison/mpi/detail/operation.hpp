@@ -173,7 +173,8 @@ public:
     /// This rank's schedule of the node-aware all_gather (made on first use).
     std::span<const gather_step> node_gather_plan() {
         if (!node_gather_plan_made_) {
-            node_gather_plan_ = plan_node_all_gather(rank, nodes);
+            node_gather_plan_ =
+                plan_node_all_gather(rank, nodes, mpi_tuning::node_all_gather_flat_max_ranks);
             node_gather_plan_made_ = true;
         }
         return node_gather_plan_;

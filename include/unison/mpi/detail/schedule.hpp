@@ -9,8 +9,8 @@
 /// inside each node up to its lowest rank, recursive doubling among those leaders,
 /// the tree back down). And the node-aware all_gather's (node_all_gather.hpp runs
 /// it, after the call check): each node's blocks gathered at its lowest rank, those
-/// leaders exchanging whole nodes' blocks by Bruck's doubling, each leader sending
-/// the result to its node. They are plain functions of the rank and of which ranks
+/// leaders exchanging whole nodes' blocks by Bruck's doubling, the result sent down
+/// a binomial tree of each node's ranks. They are plain functions of the rank and of which ranks
 /// share a node, with no MPI in them, so that a test can run every rank's schedule
 /// in one process and check that the messages pair up and that every result holds
 /// every rank's data once.
@@ -255,18 +255,27 @@ struct gather_step {
 /// The node-aware all_gather of `rank` over `nodes`, whose nodes are numbered by
 /// their leaders (the lowest rank of each), L of them:
 /// 1. every rank but a leader sends its block to its leader and, in the same step,
-///    posts the receive of every other block from it (the last step below);
+///    posts the receive of every other block from its parent in the node's
+///    binomial tree (the node's ranks in ascending order, index i; the parent of i
+///    is i less its lowest set bit);
 /// 2. a leader receives its node's blocks, then runs Bruck's all-gather among the
 ///    leaders, any L: at distance d = 1, 2, 4, ... < L, leader j sends the nodes
 ///    it holds, j .. j + min(d, L - d) - 1 (mod L), to leader j - d and receives
 ///    as many from leader j + d, so that after ceil(log2 L) steps it holds all L;
 ///    a node's blocks go as one message, whole runs of consecutive ranks;
-/// 3. a leader sends each member every block but the member's own.
+/// 3. a leader, and then every rank with children in the tree, sends each child
+///    every block but the child's own, the farthest child first: log2(k) hops
+///    down a node of k ranks, no rank sending the whole buffer more than log2(k)
+///    times. A node of at most `flat_max_ranks` ranks is a tree of one level
+///    instead: the leader sends to each rank, and each rank receives from it.
 /// Only the leaders' messages cross between nodes, each carrying whole nodes.
-inline std::vector<gather_step> plan_node_all_gather(int rank, const node_layout& nodes) {
+inline std::vector<gather_step> plan_node_all_gather(int rank, const node_layout& nodes,
+                                                     int flat_max_ranks = 1) {
     std::vector<gather_step> plan;
     const std::vector<int>& m = nodes.members;
     const int n = static_cast<int>(nodes.node.size());
+    const int k = static_cast<int>(m.size());
+    const int me = static_cast<int>(std::find(m.begin(), m.end(), rank) - m.begin());
     const int leader = m.front();
     const auto all_but = [n](int r) {
         std::vector<int> b;
@@ -278,14 +287,34 @@ inline std::vector<gather_step> plan_node_all_gather(int rank, const node_layout
         }
         return b;
     };
+    // The node's tree: the parent and the children of index `me`, farthest first.
+    const bool flat = k <= flat_max_ranks;
+    const int lowest =
+        me == 0 ? static_cast<int>(std::bit_ceil(static_cast<unsigned>(k))) : (me & -me);
+    gather_step down;
+    if (flat && me == 0) {
+        for (std::size_t i = 1; i < m.size(); ++i) {
+            down.sends.push_back({m[i], all_but(m[i])});
+        }
+    }
+    for (int mask = lowest >> 1; !flat && mask > 0; mask >>= 1) {
+        if (me + mask < k) {
+            const int child = m[static_cast<std::size_t>(me + mask)];
+            down.sends.push_back({child, all_but(child)});
+        }
+    }
     if (rank != leader) {
         gather_step s;
         s.sends.push_back({leader, {rank}});
-        s.recvs.push_back({leader, all_but(rank)});
+        s.recvs.push_back(
+            {flat ? leader : m[static_cast<std::size_t>(me - lowest)], all_but(rank)});
         plan.push_back(std::move(s));
+        if (!down.sends.empty()) {
+            plan.push_back(std::move(down));
+        }
         return plan;
     }
-    if (m.size() > 1) {
+    if (k > 1) {
         gather_step s;
         for (std::size_t i = 1; i < m.size(); ++i) {
             s.recvs.push_back({m[i], {m[i]}});
@@ -298,8 +327,8 @@ inline std::vector<gather_step> plan_node_all_gather(int rank, const node_layout
     // The blocks of nodes first .. first + count - 1 (mod L), ascending.
     const auto blocks_of = [&](int first, int count) {
         std::vector<bool> in(static_cast<std::size_t>(nodes_count), false);
-        for (int k = 0; k < count; ++k) {
-            in[static_cast<std::size_t>((first + k) % nodes_count)] = true;
+        for (int c = 0; c < count; ++c) {
+            in[static_cast<std::size_t>((first + c) % nodes_count)] = true;
         }
         std::vector<int> b;
         for (int q = 0; q < n; ++q) {
@@ -318,12 +347,8 @@ inline std::vector<gather_step> plan_node_all_gather(int rank, const node_layout
             {l[static_cast<std::size_t>((j + d) % nodes_count)], blocks_of(j + d, count)});
         plan.push_back(std::move(s));
     }
-    if (m.size() > 1) {
-        gather_step s;
-        for (std::size_t i = 1; i < m.size(); ++i) {
-            s.sends.push_back({m[i], all_but(m[i])});
-        }
-        plan.push_back(std::move(s));
+    if (!down.sends.empty()) {
+        plan.push_back(std::move(down));
     }
     return plan;
 }
