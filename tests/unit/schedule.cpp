@@ -166,10 +166,13 @@ void check_layout(const std::vector<int>& node_of, const std::string& name) {
     }
 }
 
-} // namespace
-
-TEST_CASE("schedules: recursive doubling and two_level pair up and sum every rank once") {
-    std::mt19937 rng(7);
+/// Calls check(node_of, name) for every layout the schedules are tried on: 1 to 40
+/// ranks in blocks of 1, 2, 3, 4 and 8 ranks, round robin over as many nodes, and
+/// at random over 5 nodes (from `seed`); then 128 ranks in nodes of 8 and 100 in
+/// nodes of 7 and one of 2.
+template <class Check>
+void for_every_layout(unsigned seed, Check&& check) {
+    std::mt19937 rng(seed);
     for (int n = 1; n <= 40; ++n) {
         for (int per : {1, 2, 3, 4, 8}) {
             std::vector<int> blocks(static_cast<std::size_t>(n)), round_robin = blocks;
@@ -178,16 +181,15 @@ TEST_CASE("schedules: recursive doubling and two_level pair up and sum every ran
                 blocks[static_cast<std::size_t>(r)] = r / per;
                 round_robin[static_cast<std::size_t>(r)] = r % nodes;
             }
-            check_layout(blocks, "blocks of " + std::to_string(per));
-            check_layout(round_robin, "round robin over " + std::to_string(nodes) + " nodes");
+            check(blocks, "blocks of " + std::to_string(per));
+            check(round_robin, "round robin over " + std::to_string(nodes) + " nodes");
         }
         std::vector<int> random(static_cast<std::size_t>(n));
         for (int& node : random) {
             node = static_cast<int>(rng() % 5) * 100; // any names, uneven nodes
         }
-        check_layout(random, "random over 5 nodes");
+        check(random, "random over 5 nodes");
     }
-    // Larger: 128 ranks in nodes of 8, and 100 in nodes of 7 and one of 2.
     std::vector<int> big(128), odd(100);
     for (int r = 0; r < 128; ++r) {
         big[static_cast<std::size_t>(r)] = r / 8;
@@ -195,8 +197,14 @@ TEST_CASE("schedules: recursive doubling and two_level pair up and sum every ran
     for (int r = 0; r < 100; ++r) {
         odd[static_cast<std::size_t>(r)] = r / 7;
     }
-    check_layout(big, "128 in nodes of 8");
-    check_layout(odd, "100 in nodes of 7");
+    check(big, "128 in nodes of 8");
+    check(odd, "100 in nodes of 7");
+}
+
+} // namespace
+
+TEST_CASE("schedules: recursive doubling and two_level pair up and sum every rank once") {
+    for_every_layout(7, check_layout);
 }
 
 TEST_CASE("schedules: two_level sends one message per node across nodes at each step") {
@@ -392,33 +400,7 @@ void check_layouts(const std::vector<int>& node_of, const std::string& name) {
 } // namespace
 
 TEST_CASE("schedules: the node-aware all_gather gives every rank every block once") {
-    std::mt19937 rng(11);
-    for (int n = 1; n <= 40; ++n) {
-        for (int per : {1, 2, 3, 4, 8}) {
-            std::vector<int> blocks(static_cast<std::size_t>(n)), round_robin = blocks;
-            const int nodes = (n + per - 1) / per;
-            for (int r = 0; r < n; ++r) {
-                blocks[static_cast<std::size_t>(r)] = r / per;
-                round_robin[static_cast<std::size_t>(r)] = r % nodes;
-            }
-            check_layouts(blocks, "blocks of " + std::to_string(per));
-            check_layouts(round_robin, "round robin over " + std::to_string(nodes));
-        }
-        std::vector<int> random(static_cast<std::size_t>(n));
-        for (int& node : random) {
-            node = static_cast<int>(rng() % 5) * 100;
-        }
-        check_layouts(random, "random over 5 nodes");
-    }
-    std::vector<int> big(128), odd(100);
-    for (int r = 0; r < 128; ++r) {
-        big[static_cast<std::size_t>(r)] = r / 8;
-    }
-    for (int r = 0; r < 100; ++r) {
-        odd[static_cast<std::size_t>(r)] = r / 7;
-    }
-    check_layouts(big, "128 in nodes of 8");
-    check_layouts(odd, "100 in nodes of 7");
+    for_every_layout(11, check_layouts);
     // Nodes in order: a leader's message to another leader is one run per node, and
     // to its node's ranks two runs (the blocks before and after theirs).
     std::vector<int> eight(64);

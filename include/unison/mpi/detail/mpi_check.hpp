@@ -17,6 +17,7 @@
 #include <chrono>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace unison::detail {
 
@@ -61,6 +62,67 @@ inline bool abandon_requests(std::span<MPI_Request> receives, std::span<MPI_Requ
     }
     return released;
 }
+
+/// The requests of one step of point-to-point messages posted together, its
+/// receives first, with the peer of each: what a schedule that waits for a whole
+/// step before the next (rank_ordered.hpp, node_all_gather.hpp) keeps.
+struct mpi_step_requests {
+    std::vector<MPI_Request> requests;
+    std::vector<int> peers;   ///< the rank each request receives from or sends to
+    std::size_t receives = 0; ///< the receives lead `requests`
+
+    void clear() noexcept {
+        requests.clear();
+        peers.clear();
+        receives = 0;
+    }
+    /// A request for a message to or from `peer` (valid until the next add).
+    MPI_Request* add(int peer) {
+        requests.push_back(MPI_REQUEST_NULL);
+        peers.push_back(peer);
+        return &requests.back();
+    }
+    /// Marks the requests added so far as the step's receives.
+    void receives_posted() noexcept { receives = requests.size(); }
+    /// True when every request is complete (none posted: true); errors name `label`.
+    bool complete(int rank, const std::string& label) {
+        if (requests.empty()) {
+            return true;
+        }
+        int flag = 0;
+        const int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag,
+                                   MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            throw_mpi_error(rc, rank, label, "MPI_Testall");
+        }
+        return flag != 0;
+    }
+    /// True when none of them is in MPI's hands.
+    bool idle() const noexcept {
+        for (MPI_Request r : requests) {
+            if (r != MPI_REQUEST_NULL) {
+                return false;
+            }
+        }
+        return true;
+    }
+    /// The peer of the first receive not complete; -1 when none is awaited.
+    int waiting_for() const noexcept {
+        for (std::size_t k = 0; k < receives && k < requests.size(); ++k) {
+            if (requests[k] != MPI_REQUEST_NULL) {
+                return peers[k];
+            }
+        }
+        return -1;
+    }
+    /// Gives the step up (abandon_requests): true when no receive is left in MPI's
+    /// hands.
+    bool cancel(std::chrono::steady_clock::duration budget) noexcept {
+        const std::size_t r = receives < requests.size() ? receives : requests.size();
+        return abandon_requests(std::span(requests).first(r), std::span(requests).subspan(r),
+                                budget);
+    }
+};
 
 } // namespace unison::detail
 

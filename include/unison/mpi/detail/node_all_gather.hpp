@@ -71,11 +71,7 @@ public:
             return true;
         }
         while (step_ < static_cast<int>(plan_.size())) {
-            int flag = 0;
-            UNISON_CHECK_MPI(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(),
-                                         &flag, MPI_STATUSES_IGNORE),
-                             rank_, label_.str());
-            if (flag == 0) {
+            if (!requests_.complete(rank_, label_.str())) {
                 return false;
             }
             if (++step_ < static_cast<int>(plan_.size())) {
@@ -86,28 +82,16 @@ public:
     }
 
     /// True when none of its requests is in MPI's hands.
-    bool idle() const noexcept {
-        return std::all_of(requests_.begin(), requests_.end(),
-                           [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
-    }
+    bool idle() const noexcept { return requests_.idle(); }
 
     /// The rank of this step's first receive not yet complete; -1 when none is awaited.
-    int waiting_for() const noexcept {
-        for (std::size_t k = 0; k < receives_ && k < requests_.size(); ++k) {
-            if (requests_[k] != MPI_REQUEST_NULL) {
-                return sources_[k];
-            }
-        }
-        return -1;
-    }
+    int waiting_for() const noexcept { return requests_.waiting_for(); }
 
     /// Gives the call up (after a timeout; never driven again): cancels the posted
     /// receives, waiting at most `budget` for the cancellations, and frees the sends
     /// (MPI only reads their buffers). True when no receive is left in MPI's hands.
     bool cancel(std::chrono::steady_clock::duration budget) noexcept {
-        const std::size_t receives = std::min(receives_, requests_.size());
-        return abandon_requests(std::span(requests_).first(receives),
-                                std::span(requests_).subspan(receives), budget);
+        return requests_.cancel(budget);
     }
 
 private:
@@ -158,8 +142,7 @@ private:
     /// message is in flight).
     void post(std::span<const run> runs, int peer, bool send) {
         const MPI_Datatype t = mpi_datatype(call_.type);
-        requests_.push_back(MPI_REQUEST_NULL);
-        MPI_Request* request = &requests_.back();
+        MPI_Request* request = requests_.add(peer);
         if (runs.size() == 1) {
             std::byte* at = output() + runs.front().at * es_;
             const int count = static_cast<int>(runs.front().count);
@@ -185,20 +168,17 @@ private:
         check(rc, send ? "MPI_Isend (node all_gather)" : "MPI_Irecv (node all_gather)");
     }
 
-    /// Posts step step_: every receive (first in requests_), then every send, all from
+    /// Posts step step_: every receive, then every send, all from
     /// and into the output, which holds this rank's block from start() on (a rank's
     /// step never receives into a block it sends).
     void post_step() {
         const gather_step& s = plan_[static_cast<std::size_t>(step_)];
         requests_.clear();
-        sources_.clear();
         for (const gather_message& m : s.recvs) {
-            for_each_message(m.blocks, [&](std::span<const run> runs) {
-                sources_.push_back(m.peer);
-                post(runs, m.peer, false);
-            });
+            for_each_message(m.blocks,
+                             [&](std::span<const run> runs) { post(runs, m.peer, false); });
         }
-        receives_ = requests_.size();
+        requests_.receives_posted();
         for (const gather_message& m : s.sends) {
             for_each_message(m.blocks,
                              [&](std::span<const run> runs) { post(runs, m.peer, true); });
@@ -220,9 +200,7 @@ private:
     std::size_t es_;
     std::size_t segment_; ///< elements per message at most
     int step_ = 0;
-    std::vector<MPI_Request> requests_; ///< this step's: receives, then sends
-    std::vector<int> sources_;          ///< the peer of each receive
-    std::size_t receives_ = 0;
+    mpi_step_requests requests_;          ///< this step's: receives, then sends
     std::vector<run> runs_;               ///< one message's runs (for_each_message)
     std::vector<int> lengths_;            ///< an indexed datatype's, in elements
     std::vector<MPI_Aint> displacements_; ///< ... and its runs' offsets, in bytes

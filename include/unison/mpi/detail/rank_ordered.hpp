@@ -79,8 +79,7 @@ public:
         // own block: the slots sit within their cache lines alike (same_line_offset).
         scratch_ = folds() ? same_line_offset(scratch, input() + own_lo() * es_) : nullptr;
         folded_ = false;
-        requests_.clear();
-        sources_.clear();
+        step_.clear();
         if (folds()) { // receives before sends
             for (int q = 0; q < size_; ++q) {
                 if (q != rank_) {
@@ -88,7 +87,7 @@ public:
                 }
             }
         }
-        receives_ = requests_.size();
+        step_.receives_posted();
         for (int q = 0; q < size_; ++q) {
             if (q == rank_) {
                 continue;
@@ -113,9 +112,7 @@ public:
             fold();
         }
         folded_ = true;
-        requests_.clear();
-        sources_.clear();
-        receives_ = 0;
+        step_.clear();
         if (direct_ || call_.op == operation::reduce_scatter) {
             return true; // one phase: the fold was the last step
         }
@@ -126,7 +123,7 @@ public:
                 post_recv(output() + block_lo(q) * es_, block_len(q), q, gather_tag_);
             }
         }
-        receives_ = requests_.size();
+        step_.receives_posted();
         for (int q = 0; q < size_; ++q) {
             if (q != rank_ && (call_.op == operation::all_reduce || q == call_.root)) {
                 post_send(reduced(), block_len(rank_), q, gather_tag_);
@@ -136,28 +133,16 @@ public:
     }
 
     /// True when none of its requests is in MPI's hands.
-    bool idle() const noexcept {
-        return std::all_of(requests_.begin(), requests_.end(),
-                           [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
-    }
+    bool idle() const noexcept { return step_.idle(); }
 
     /// The first rank whose block has not arrived yet; -1 when none is awaited.
-    int waiting_for() const noexcept {
-        for (std::size_t k = 0; k < receives_ && k < requests_.size(); ++k) {
-            if (requests_[k] != MPI_REQUEST_NULL) {
-                return sources_[k];
-            }
-        }
-        return -1;
-    }
+    int waiting_for() const noexcept { return step_.waiting_for(); }
 
     /// Gives the call up (after a timeout; never driven again): cancels the posted
     /// receives, waiting at most `budget` for the cancellations, and frees the sends
     /// (MPI only reads their buffers). True when no receive is left in MPI's hands.
     bool cancel(std::chrono::steady_clock::duration budget) noexcept {
-        const std::size_t receives = std::min(receives_, requests_.size());
-        return abandon_requests(std::span(requests_).first(receives),
-                                std::span(requests_).subspan(receives), budget);
+        return step_.cancel(budget);
     }
 
 private:
@@ -223,34 +208,23 @@ private:
                     call_.reduction == reduce_op::avg ? size_ : 1);
     }
 
-    bool complete() {
-        if (requests_.empty()) {
-            return true;
-        }
-        int flag = 0;
-        UNISON_CHECK_MPI(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
-                                     MPI_STATUSES_IGNORE),
-                         rank_, label_.str());
-        return flag != 0;
-    }
+    bool complete() { return step_.complete(rank_, label_.str()); }
 
     /// One block's messages (at most mpi_message_max_bytes each, so every count fits
     /// an int); both sides cut a block alike.
     void post_recv(std::byte* into, std::size_t count, int source, int tag) {
         for_each_segment(count * es_, [&](std::size_t at, std::size_t bytes) {
-            requests_.push_back(MPI_REQUEST_NULL);
-            sources_.push_back(source);
+            MPI_Request* r = step_.add(source);
             check(MPI_Irecv(into + at, static_cast<int>(bytes / es_), mpi_datatype(call_.type),
-                            source, tag, comm_, &requests_.back()),
+                            source, tag, comm_, r),
                   "MPI_Irecv (rank-ordered)");
         });
     }
     void post_send(const std::byte* from, std::size_t count, int dest, int tag) {
         for_each_segment(count * es_, [&](std::size_t at, std::size_t bytes) {
-            requests_.push_back(MPI_REQUEST_NULL);
-            sources_.push_back(dest);
+            MPI_Request* r = step_.add(dest);
             check(MPI_Isend(from + at, static_cast<int>(bytes / es_), mpi_datatype(call_.type),
-                            dest, tag, comm_, &requests_.back()),
+                            dest, tag, comm_, r),
                   "MPI_Isend (rank-ordered)");
         });
     }
@@ -271,10 +245,8 @@ private:
     int scatter_tag_;
     int gather_tag_;
     std::byte* scratch_ = nullptr;
-    bool folded_ = false;      ///< phase one folded (and phase two posted, if any)
-    std::size_t receives_ = 0; ///< the receives lead requests_
-    std::vector<MPI_Request> requests_;
-    std::vector<int> sources_; ///< the peer of each request
+    bool folded_ = false;    ///< phase one folded (and phase two posted, if any)
+    mpi_step_requests step_; ///< the phase's requests, receives first
     std::vector<const void*> inputs_;
 };
 
