@@ -168,9 +168,9 @@ private:
         check(rc, send ? "MPI_Isend (node all_gather)" : "MPI_Irecv (node all_gather)");
     }
 
-    /// Posts step step_: every receive, then every send, all from
-    /// and into the output, which holds this rank's block from start() on (a rank's
-    /// step never receives into a block it sends).
+    /// Posts step step_: every receive, then every send, all from and into the
+    /// output, which holds this rank's block from start() on (a rank's step never
+    /// receives into a block it sends).
     void post_step() {
         const gather_step& s = plan_[static_cast<std::size_t>(step_)];
         requests_.clear();
