@@ -37,9 +37,9 @@ include/unison/mpi/tuning.hpp, mirrored here and checked against the algorithm
 the simulation reports). Per all-reduce of m bytes over p ranks, with a the
 latency of one message and b the bandwidth, P the largest power of two <= p and
 f = 1 when p is not one (the fold: 2 (a + m/b) more), to first order (the model
-sums each message's own cost along the critical path; when p is three times a
-power of two, P = p / 3 and a group of three takes the fold's place: a + 2 m/b,
-for Rabenseifner a + 2 m/(P b)):
+sums each message's own cost along the critical path; when p is q = 3, 5 or 7
+times a power of two, P = p / q and a group of q takes the fold's place: a +
+(q-1) m/b, for Rabenseifner a + (q-1) m/(P b)):
 
     recursive doubling  log2(P) (a + m/b)                  + f 2 (a + m/b)
     Rabenseifner        2 log2(P) a + 2 (P-1)/P m/b        + f 2 (a + m/b)
@@ -183,9 +183,14 @@ def pow2_floor(p):
     return 1 << (p.bit_length() - 1)
 
 
-def three_times_pow2(p):
-    """Whether p ranks exchange in groups of three first (mpi/detail/schedule.hpp)."""
-    return p >= 3 and p % 3 == 0 and (p // 3) & (p // 3 - 1) == 0
+def group_of(p):
+    """The group that ends p ranks' recursive doubling (mpi/detail/schedule.hpp's
+    doubling_shape_of, a rank per node): q when p is q = 3, 5 or 7 times a power of
+    two, else 1 (pairs, and the fold when p is not a power of two)."""
+    for q in (3, 5, 7):
+        if p >= q and p % q == 0 and (p // q) & (p // q - 1) == 0:
+            return q
+    return 1
 
 
 def uneven_two_level(p, node_ranks):
@@ -280,18 +285,19 @@ def all_reduce_terms(algo, m, p, net):
         return zero
     big = pow2_floor(p)
     fold = zero if big == p else add(zero, net.terms(m), 2)
-    if three_times_pow2(p):  # a group of three: each buffer to the other two, no fold
-        big = p // 3
+    q = group_of(p)
+    if q > 1:  # a group of q: each buffer to the q - 1 others, no fold
+        big = p // q
         ne, be, nr, br = net.terms(m)
-        fold = (ne, 2 * be, nr, 2 * br)
+        fold = (ne, (q - 1) * be, nr, (q - 1) * br)
     steps = big.bit_length() - 1
     if algo in ("recursive_doubling", "two_level"):  # one level: the same messages
         return add(fold, net.terms(m), steps)
-    if algo == "rabenseifner":  # a group of three sums a p-th, not the whole buffer
+    if algo == "rabenseifner":  # a group sums a p-th, not the whole buffer
         out = fold
-        if three_times_pow2(p):
+        if q > 1:
             ne, be, nr, br = net.terms(m / big)
-            out = (ne, 2 * be, nr, 2 * br)
+            out = (ne, (q - 1) * be, nr, (q - 1) * br)
         for k in range(1, steps + 1):  # halving, then doubling back
             out = add(out, net.terms(m / (1 << k)), 2)
         return out
@@ -309,16 +315,17 @@ def all_reduce_time(algo, m, p, net):
 
 def gather_time(m, p, net):
     """A reduce-scatter or all-gather of m bytes in all, by recursive halving or
-    doubling (one exchange more when p is not a power of two; a group of three
-    first when p is three times one, taken at an all-gather's size)."""
+    doubling (one exchange more when p is not a power of two; a group of q first
+    when p is q = 3, 5 or 7 times one, taken at an all-gather's size)."""
     if p <= 1:
         return 0.0
     big = pow2_floor(p)
     out = (0, 0, 0, 0) if big == p else net.terms(m / p)
-    if three_times_pow2(p):  # a group of three first: a block to each of the other two
-        big = p // 3
+    q = group_of(p)
+    if q > 1:  # a group of q first: a block to each of the q - 1 others
+        big = p // q
         ne, be, nr, br = net.terms(m / p)
-        out = (ne, 2 * be, nr, 2 * br)
+        out = (ne, (q - 1) * be, nr, (q - 1) * br)
     for k in range(1, big.bit_length()):
         out = add(out, net.terms(m / (1 << k)))
     return net.cost(out)

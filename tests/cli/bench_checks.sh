@@ -191,25 +191,26 @@ PY
 }
 
 # The simulation harness (bench/simulation/simulate.sh) at a small scale: every
-# all-reduce algorithm on a flat and a two-level cluster, at 3 and 4 ranks, the
-# reduce_scatter and all_gather at 4, and the engines' driver (engine_sim) at 3,
-# each result checked; skipped (77, simulate.sh says why) where SimGrid is not
+# all-reduce algorithm on a flat and a two-level cluster, at 3, 4, 5 and 10 ranks
+# (groups of three and five: 10 ranks halve within each fifth first), the
+# reduce_scatter and all_gather at 4, 5 and 10, and the engines' driver (engine_sim)
+# at 3, each result checked; skipped (77, simulate.sh says why) where SimGrid is not
 # installed. ARGS: build directory, cost_model.py.
 simulation() {
     local build=$1 cost_model=$2 out more rows c
-    out=$(UNISON_SIM_BUILD="$build" bash "$prog" -p "flat two_level" -n "3 4" -t 300 -- \
+    out=$(UNISON_SIM_BUILD="$build" bash "$prog" -p "flat two_level" -n "3 4 5 10" -t 300 -- \
         -a all -b 8 -e 1M -f 16 -n 1 -w 0) || return $?
     echo "$out"
     rows=$(grep -c ',ok$' <<<"$out")
-    # 2 platforms x 2 rank counts x 5 sizes x (7 algorithms + MPI, then MPI under mpich)
-    ! grep -q ',wrong$' <<<"$out" && [ "$rows" -eq 180 ] || return 1
-    # The reduce_scatter and the all_gather, checked the same way: 2 platforms x 4
-    # sizes x (the tuning's choice + MPI, then MPI under mpich) each.
+    # 2 platforms x 4 rank counts x 5 sizes x (7 algorithms + MPI, then MPI under mpich)
+    ! grep -q ',wrong$' <<<"$out" && [ "$rows" -eq 360 ] || return 1
+    # The reduce_scatter and the all_gather, checked the same way: 2 platforms x 3 rank
+    # counts x 4 sizes x (the tuning's choice + MPI, then MPI under mpich) each.
     for c in reduce_scatter all_gather; do
-        more=$(UNISON_SIM_BUILD="$build" bash "$prog" -p "flat two_level" -n 4 -t 300 -- \
+        more=$(UNISON_SIM_BUILD="$build" bash "$prog" -p "flat two_level" -n "4 5 10" -t 300 -- \
             -c "$c" -b 64 -e 1M -f 16 -n 1 -w 0) || return $?
         echo "$more"
-        ! grep -q ',wrong$' <<<"$more" && [ "$(grep -c ',ok$' <<<"$more")" -eq 24 ] || return 1
+        ! grep -q ',wrong$' <<<"$more" && [ "$(grep -c ',ok$' <<<"$more")" -eq 72 ] || return 1
     done
     # The engines: ddp's and fsdp's start and step, 4 rows, every one checked.
     more=$(UNISON_SIM_BUILD="$build" bash "$prog" -d engine_sim -p flat -n 3 -t 300 -- \

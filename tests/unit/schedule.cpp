@@ -4,7 +4,7 @@
 // ranks on nodes (blocks, round robin, uneven, random), the schedules must pair up
 // without a deadlock or a message left over, every rank's result must hold every
 // rank's data exactly once, and every rank must have summed in the same order (the
-// same bits): a pair's two operands commute, a group of three sums in its order.
+// same bits): a pair's two operands commute, a group sums in its order.
 
 #include <unison/mpi/detail/schedule.hpp>
 
@@ -233,47 +233,58 @@ TEST_CASE("schedules: two_level sends one message per node across nodes at each 
     CHECK(node_layout::of(std::vector<int>(5, 3), 2).one_node(5));
 }
 
-TEST_CASE("schedules: three times a power of two takes a group of three, others fold") {
+TEST_CASE("schedules: 3, 5 or 7 times a power of two end in a group of that many, others fold") {
     using unison::detail::doubling_shape_of;
-    // 3, 6, 12, ...: one step of three and log2(n / 3) pairs; no fold.
-    for (int n = 3, steps = 1; n <= 3 * 1024; n *= 2, ++steps) {
-        CAPTURE(n);
-        CHECK(doubling_shape_of(n).three);
-        CHECK(doubling_shape_of(n).participants == n);
-        CHECK(doubling_shape_of(n).steps == steps);
-        for (int r : {0, n / 2, n - 1}) {
-            exchange_plan plan;
-            unison::detail::plan_recursive_doubling(r, n, plan);
-            CHECK(plan.size() == steps);
-            // pairs at distance 1, 2, 4, ... within the third of the ranks r is in
-            const int p = n / 3, i = r % p, third = r / p;
-            for (int s = 0, mask = 1; s + 1 < plan.size(); ++s, mask <<= 1) {
-                CHECK(plan[s].count == 1);
-                CHECK(plan[s].peer() == ((i ^ mask) + p * third));
-            }
-            // then the group: i, i + p and i + 2p, this one at its place
-            const exchange_step& g = plan[plan.size() - 1];
-            CHECK(g.count == 2);
-            CHECK(g.place == third);
-            for (int k = 0, t = 0; t < 3; ++t) {
-                if (t != third) {
-                    CHECK(g.peer(k++) == i + p * t);
+    // q, 2q, 4q, ...: log2(n / q) pairs, then one step of the group; no fold.
+    for (int q : {3, 5, 7}) {
+        for (int n = q, steps = 1; n <= q * 1024; n *= 2, ++steps) {
+            CAPTURE(n);
+            CHECK(doubling_shape_of(n).group == q);
+            CHECK(doubling_shape_of(n).participants == n);
+            CHECK(doubling_shape_of(n).steps == steps);
+            for (int r : {0, n / 2, n - 1}) {
+                exchange_plan plan;
+                unison::detail::plan_recursive_doubling(r, n, plan);
+                CHECK(plan.size() == steps);
+                // pairs at distance 1, 2, 4, ... within the q-th of the ranks r is in
+                const int p = n / q, i = r % p, place = r / p;
+                for (int s = 0, mask = 1; s + 1 < plan.size(); ++s, mask <<= 1) {
+                    CHECK(plan[s].count == 1);
+                    CHECK(plan[s].peer() == ((i ^ mask) + p * place));
+                }
+                // then the group: i, i + p, ..., i + (q - 1) p, this one at its place
+                const exchange_step& g = plan[plan.size() - 1];
+                CHECK(g.count == q - 1);
+                CHECK(g.place == place);
+                for (int k = 0, t = 0; t < q; ++t) {
+                    if (t != place) {
+                        CHECK(g.peer(k++) == i + p * t);
+                    }
                 }
             }
         }
     }
-    // Over nodes of several ranks only when each third is whole nodes, or on one node.
-    CHECK(doubling_shape_of(24, 8).three);
-    CHECK(doubling_shape_of(12, 4).three);
-    CHECK(doubling_shape_of(6, 6).three);
-    CHECK(doubling_shape_of(6, 8).three);
-    CHECK_FALSE(doubling_shape_of(12, 8).three);
-    CHECK_FALSE(doubling_shape_of(12, 6).three);
-    CHECK(doubling_shape_of(12, 8).participants == 8);
-    // Powers of two and the rest as before: 5 = 4 + a fold, 7 = 4 + 3 folded, ...
-    for (int n : {2, 4, 5, 7, 9, 10, 13, 1000}) {
+    // Over nodes of several ranks only when each q-th is whole nodes, or on one node.
+    CHECK(doubling_shape_of(24, 8).group == 3);
+    CHECK(doubling_shape_of(12, 4).group == 3);
+    CHECK(doubling_shape_of(6, 6).group == 3);
+    CHECK(doubling_shape_of(6, 8).group == 3);
+    CHECK(doubling_shape_of(40, 8).group == 5);
+    CHECK(doubling_shape_of(20, 4).group == 5);
+    CHECK(doubling_shape_of(5, 8).group == 5);
+    CHECK(doubling_shape_of(56, 8).group == 7);
+    CHECK(doubling_shape_of(7, 7).group == 7);
+    for (const auto& [n, per] : {std::pair{12, 8}, {12, 6}, {10, 8}, {20, 8}, {14, 8}, {14, 4}}) {
         CAPTURE(n);
-        CHECK_FALSE(doubling_shape_of(n).three);
+        CAPTURE(per);
+        CHECK(doubling_shape_of(n, per).group == 1);
+        CHECK(doubling_shape_of(n, per).participants ==
+              static_cast<int>(std::bit_floor(static_cast<unsigned>(n))));
+    }
+    // Powers of two and the rest as before: 9 = 8 + a fold, 11 = 8 + 3 folded, ...
+    for (int n : {2, 4, 9, 11, 13, 18, 27, 1000}) {
+        CAPTURE(n);
+        CHECK(doubling_shape_of(n).group == 1);
         CHECK(doubling_shape_of(n).participants ==
               static_cast<int>(std::bit_floor(static_cast<unsigned>(n))));
     }

@@ -27,9 +27,9 @@ namespace unison {
 enum class algorithm : unsigned char {
     automatic, ///< the backend's tuning picks one by size and rank count
     /// log2(n) exchanges of the whole buffer: log2(n) (a + m b); on the MPI backend,
-    /// three times a power of two ranks exchange in log2(n / 3) pairs, then in groups
-    /// of three (each buffer to the other two: a + 2 m b), and other rank counts
-    /// fold the ranks beyond a power of two in (2 (a + m b) more)
+    /// q = 3, 5 or 7 times a power of two ranks exchange in log2(n / q) pairs, then
+    /// in groups of q (each buffer to the q - 1 others: a + (q - 1) m b), and other
+    /// rank counts fold the ranks beyond a power of two in (2 (a + m b) more)
     recursive_doubling,
     /// node-aware recursive doubling: a binomial tree inside each node of k ranks
     /// into its lowest rank, recursive doubling among those n/k leaders, the tree
@@ -37,8 +37,8 @@ enum class algorithm : unsigned char {
     /// node; one message per node crosses the network at each step instead of k.
     two_level,
     /// recursive halving then doubling: 2 log2(n) a + 2 m b (n-1)/n; folds as
-    /// recursive_doubling's, or the halving within thirds and a group of three that
-    /// sums the block the three kept (a + 2 (m/p) b, p = n / 3)
+    /// recursive_doubling's, or the halving within each q-th and a group of q that
+    /// sums the block the q kept (a + (q - 1) (m/p) b, p = n / q)
     rabenseifner,
     ring,   ///< reduce-scatter and all-gather around a ring: 2 (n-1) (a + m b / n)
     native, ///< the underlying library's own call (MPI_Iallreduce), after the checks

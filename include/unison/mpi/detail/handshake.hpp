@@ -3,9 +3,9 @@
 /// \file
 /// The first exchange of every collective of the MPI backend: each rank's call
 /// signature travels to every other rank by recursive doubling of point-to-point
-/// messages (schedule.hpp: for three times a power of two ranks, doubling within
-/// each third of the ranks, then groups of three, whose members each send to the
-/// other two), so that a call that differs across ranks (count, dtype, op, root,
+/// messages (schedule.hpp: for 3, 5 or 7 times a power of two ranks, doubling
+/// within each third, fifth or seventh of the ranks, then groups of that many, whose
+/// members each send to all the others), so that a call that differs across ranks (count, dtype, op, root,
 /// operation, tag, sequence) is a `mismatch_error` on every rank before any user
 /// buffer is handed to MPI. Small all-reduces ride along: their data follows the
 /// header in the same messages and is reduced at each step, so for them the check
@@ -14,8 +14,8 @@
 /// A rank that finds a difference keeps to the schedule but sends the fault (both
 /// signatures and ranks) instead of data, so every rank hears of it within the
 /// same exchange and throws a mismatch_error. When one rank is the odd one out,
-/// every rank names the same pair (in a group of three, each member sees all three
-/// headers and keeps the lowest pair that differs); when several pairs differ from the start (half
+/// every rank names the same pair (in a group, each member sees every member's
+/// header and keeps the lowest pair that differs); when several pairs differ from the start (half
 /// the ranks with one count, half with another), groups of ranks may name
 /// different pairs. Messages are received into staging
 /// buffers large enough for any well-formed message, so a peer that sends more
@@ -647,7 +647,11 @@ private:
     int steps_ = 0, current_ = 0, last_reduce_ = -1;
     /// Receives of each peer's first message, of the rests (and whose: the peer's
     /// index in the step), and sends of this rank's message.
-    std::array<MPI_Request, max_step_peers> firsts_{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    std::array<MPI_Request, max_step_peers> firsts_ = [] {
+        std::array<MPI_Request, max_step_peers> none{};
+        none.fill(MPI_REQUEST_NULL);
+        return none;
+    }();
     std::vector<MPI_Request> rests_, sends_;
     std::vector<int> rest_peers_;
     /// Rests larger than a slot (from peers whose calls differ), drained unread.

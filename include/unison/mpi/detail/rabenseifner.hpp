@@ -6,20 +6,22 @@
 /// doubling, 2 log2(p) messages and twice the data instead of the ring's 2 (n - 1)
 /// messages. Ranks beyond the largest power of two p fold in first, as in the
 /// handshake (handshake.hpp): each even one of the first 2 (n - p) ranks hands its
-/// whole buffer to the odd one after it and gets the result back at the end. Three
-/// times a power of two ranks fold nothing: the halving runs within each third of
-/// the ranks (p = n / 3 of them, participants i + p t of third t), so that the
-/// three ranks i, i + p and i + 2p end holding the same block, each summed over its
-/// own third; they send it to each other and sum the three in that order (one step
-/// of a p-th of the buffer where the fold costs two of the whole), and the doubling
-/// runs within the thirds again. The reduce_scatter and the all_gather below do the
-/// same (the all_gather doubles within its third, then swaps thirds).
+/// whole buffer to the odd one after it and gets the result back at the end. Three,
+/// five or seven times a power of two ranks fold nothing (a group of q, q = 3, 5,
+/// 7; schedule.hpp's doubling_shape_of): the halving runs within each q-th of the
+/// ranks (p = n / q of them, participants i + p t of place t), so that the q ranks
+/// i, i + p, ..., i + (q - 1) p end holding the same block, each summed over its
+/// own place; each sends it to the q - 1 others and sums the q in that order (one
+/// step of q - 1 messages of a p-th of the buffer where the fold costs two of the
+/// whole), and the doubling runs within the places again. The reduce_scatter and
+/// the all_gather below do the same (the all_gather doubles within its place, then
+/// each place's run goes to the others).
 ///
 /// The call check rides along instead of running first: every message of the fold
 /// and of the reduce-scatter starts with the call header (handshake.hpp's
 /// two-message convention: the header and the first bytes of data, then the rest),
 /// and the reduce-scatter's partners are the handshake's, in its order (the fold,
-/// distance 1, 2, 4, ... within a third when there are thirds, the group of three),
+/// distance 1, 2, 4, ... within a place when there are places, the group),
 /// so that ranks whose calls take different algorithms still meet and see the
 /// difference. A rank that finds a difference sends the fault instead of data from
 /// then on; by the end of the reduce-scatter every rank has heard of it or none
@@ -80,7 +82,7 @@ public:
     /// `send`, which may be its own block of `recv`), the `sequence`-th collective of
     /// `rank` of the `size` ranks of `comm`; `algo` is the algorithm its headers
     /// announce (rabenseifner; recursive_doubling for the all_gather); `node_ranks`
-    /// the most ranks a node holds (the handshake's groups of three depend on it).
+    /// the most ranks a node holds (the handshake's groups depend on it).
     /// Headers travel on the handshake's tag, the rest of a checked message on the
     /// tag mpi_rest_tag gives `algo` (the ring's for rabenseifner, the handshake's
     /// for recursive_doubling), the all-reduce's all-gather on a tag of its own.
@@ -95,7 +97,7 @@ public:
         mine_ = mpi_call_header{signature_of(call), sequence, 0, static_cast<std::uint32_t>(algo),
                                 call.count * es_};
         const doubling_shape shape = doubling_shape_of(size, node_ranks);
-        unit_ = shape.three ? 3 : 1;
+        unit_ = shape.group;
         p_ = shape.participants / unit_;
         const int rem = size - shape.participants;
         scatter_ = call.op == operation::reduce_scatter;
@@ -109,8 +111,8 @@ public:
             return;
         }
         // A reduce_scatter's partial sums start as the whole input, in slot order.
-        if (unit_ == 3 && p_ == 1) { // three ranks: the group alone, on whole buffers
-            incoming_elems_ = 2 * total_;
+        if (unit_ > 1 && p_ == 1) { // q ranks: the group alone, on whole buffers
+            incoming_elems_ = static_cast<std::size_t>(unit_ - 1) * total_;
             partial_elems_ = total_;
         } else if (rank < 2 * rem) { // folds in: the odd one reduces a whole buffer, the even none
             incoming_elems_ = rank % 2 == 1 ? total_ : 0;
@@ -122,8 +124,9 @@ public:
             partial_elems_ = scatter_ ? total_ : incoming_elems_;
             partial_base_ = scatter_ || lower ? 0 : mid;
         }
-        if (unit_ == 3) { // the group of three receives two of the halving's blocks
-            incoming_elems_ = std::max(incoming_elems_, 2 * (lo(1) - lo(0) + 1));
+        if (unit_ > 1) { // the group receives q - 1 of the halving's blocks
+            incoming_elems_ = std::max(incoming_elems_,
+                                       static_cast<std::size_t>(unit_ - 1) * (lo(1) - lo(0) + 1));
         }
     }
     mpi_rabenseifner(const mpi_rabenseifner&) = delete;
@@ -173,8 +176,9 @@ public:
         if (send_stage.size() < mpi_whole_message_max_bytes) {
             send_stage.resize(mpi_whole_message_max_bytes);
         }
-        // A first message from each peer of a step: two in a group of three.
-        const std::size_t firsts = (unit_ == 3 ? 2 : 1) * mpi_whole_message_max_bytes;
+        // A first message from each peer of a step: q - 1 in a group of q.
+        const std::size_t firsts =
+            static_cast<std::size_t>(std::max(1, unit_ - 1)) * mpi_whole_message_max_bytes;
         if (recv_stage.size() < firsts) {
             recv_stage.resize(firsts);
         }
@@ -190,19 +194,20 @@ public:
     bool progress() {
         while (current_ < steps_.size()) {
             const step& s = steps_[current_];
-            if (s.checked && s.peer2 >= 0 && !first_arrived_) {
-                // A group of three: one call tests both first messages.
-                std::array<int, 2> which{};
-                std::array<MPI_Status, 2> status;
+            if (s.checked && s.count > 1 && !first_arrived_) {
+                // A group: one call tests every peer's first message.
+                std::array<int, max_step_peers> which{};
+                std::array<MPI_Status, max_step_peers> status;
                 int done = 0;
-                UNISON_CHECK_MPI(MPI_Testsome(2, recvs_.data(), &done, which.data(), status.data()),
-                                 rank_, label_.str());
+                UNISON_CHECK_MPI(
+                    MPI_Testsome(s.count, recvs_.data(), &done, which.data(), status.data()), rank_,
+                    label_.str());
                 for (int k = 0; k < done && done != MPI_UNDEFINED; ++k) {
                     ++firsts_arrived_;
                     receive_first(s, which[static_cast<std::size_t>(k)],
                                   status[static_cast<std::size_t>(k)]);
                 }
-                if (firsts_arrived_ < 2) {
+                if (firsts_arrived_ < s.count) {
                     return false;
                 }
                 first_arrived_ = true;
@@ -270,9 +275,12 @@ public:
             return -1;
         }
         const step& s = steps_[current_];
-        if (s.checked && s.peer2 >= 0 && recvs_.size() > 1 && recvs_[0] == MPI_REQUEST_NULL &&
-            recvs_[1] != MPI_REQUEST_NULL) {
-            return s.peer2; // the first peer's first message is here, the second's is not
+        if (s.checked && s.count > 1 && !first_arrived_) { // the first peer not heard from
+            for (int k = 0; k < s.count && static_cast<std::size_t>(k) < recvs_.size(); ++k) {
+                if (recvs_[static_cast<std::size_t>(k)] != MPI_REQUEST_NULL) {
+                    return s.peer_at(k);
+                }
+            }
         }
         return s.recv_bytes != no_recv ? s.peer : -1;
     }
@@ -295,12 +303,14 @@ private:
     /// One exchange with `peer`. Sizes are in elements; a size of 0 sends or receives
     /// nothing but, on a checked step, the header.
     struct step {
-        int peer = -1;
-        /// A group of three (three times a power of two ranks): the second peer, which
-        /// gets the same message; its data arrives in recv2. The three partial
-        /// results fold in the group's order, this rank's at `place`.
-        int peer2 = -1;
-        std::byte* recv2 = nullptr;
+        int peer = -1; ///< a group's first other member
+        /// A group of q (q times a power of two ranks): its q - 1 other members, in
+        /// the group's order without this rank (which is at `place`), peers[0] ==
+        /// peer, each sent the same message; member k's data arrives at recvs[k]
+        /// (recvs[0] == recv). The q partial results fold in the group's order.
+        int count = 1;
+        std::array<int, max_step_peers> peers{};
+        std::array<std::byte*, max_step_peers> recvs{};
         int place = 0;
         bool checked = false;       ///< the call header travels first (fold, reduce-scatter)
         bool writes_output = false; ///< receives into the caller's output
@@ -315,6 +325,13 @@ private:
         std::byte* reduce_out = nullptr;
         std::size_t reduce_elems = 0;
         bool last_reduce = false; ///< divides, for avg
+
+        int peer_at(int k) const noexcept {
+            return count == 1 ? peer : peers[static_cast<std::size_t>(k)];
+        }
+        std::byte* recv_at(int k) const noexcept {
+            return count == 1 ? recv : recvs[static_cast<std::size_t>(k)];
+        }
     };
 
     // Blocks: the p ranks of the halving each end owning one block of the buffer,
@@ -355,15 +372,16 @@ private:
 
     /// A reduce_scatter's slots: slot s holds the blocks of the halving's rank v, s
     /// with its log2(p) bits reversed (the blocks of ranks 2v and 2v + 1 when v folds
-    /// in, of rank v + (n - p) otherwise; of ranks v, v + p and v + 2p, in that order,
-    /// when a group of three ends the halving), so that each rank ends with its own.
+    /// in, of rank v + (n - p) otherwise; of ranks v, v + p, ..., v + (q - 1) p, in
+    /// that order, when a group of q ends the halving), so that each rank ends with its
+    /// own.
     void lay_out_slots() {
         const int rem = size_ - unit_ * p_;
         const int bits = std::countr_zero(static_cast<unsigned>(p_));
         slot_lo_.assign(static_cast<std::size_t>(p_) + 1, 0);
         slot_rank_.assign(static_cast<std::size_t>(p_), 0);
         slot_ranks_.assign(static_cast<std::size_t>(p_), 1);
-        slot_stride_ = unit_ == 3 ? p_ : 1;
+        slot_stride_ = unit_ > 1 ? p_ : 1;
         for (int s = 0; s < p_; ++s) {
             int v = 0;
             for (int bit = 0; bit < bits; ++bit) {
@@ -371,37 +389,38 @@ private:
             }
             const auto at = static_cast<std::size_t>(s);
             slot_rank_[at] = v < rem ? 2 * v : v + rem;
-            slot_ranks_[at] = unit_ == 3 ? 3 : v < rem ? 2 : 1;
+            slot_ranks_[at] = unit_ > 1 ? unit_ : v < rem ? 2 : 1;
             slot_lo_[at + 1] =
                 slot_lo_[at] + static_cast<std::size_t>(slot_ranks_[at]) * call_.count;
         }
     }
 
-    /// The step of a group of three: the same `elems` from `from` to the two others
-    /// of the group, `a` and `b` (the group's order without this rank, which is at
-    /// `place`), theirs into `recv` and `recv2`.
-    static step group_step(int place, int a, int b, const std::byte* from, std::size_t elems,
-                           std::byte* recv, std::byte* recv2, std::size_t recv_bytes) noexcept {
+    /// The step of a group: the same `elems` from `from` to each other member of
+    /// participant `me`'s group (i + p t for every place t but its own, in order; `real`
+    /// maps participants to ranks), member k's (of place t) data into `recv(k, t)`,
+    /// `recv_bytes` from each.
+    template <class Real, class Recv>
+    step group_step(int me, Real real, const std::byte* from, std::size_t elems, Recv recv,
+                    std::size_t recv_bytes) const {
+        const int place = me / p_, i = me % p_;
         step s;
         s.place = place;
-        s.peer = a;
-        s.peer2 = b;
+        s.count = 0;
+        for (int t = 0; t < unit_; ++t) {
+            if (t != place) {
+                const auto k = static_cast<std::size_t>(s.count++);
+                s.peers[k] = real(i + p_ * t);
+                s.recvs[k] = recv(static_cast<int>(k), t);
+            }
+        }
+        s.peer = s.peers[0];
+        s.recv = s.recvs[0];
         s.checked = true;
         s.sends = true;
         s.send = from;
         s.send_elems = elems;
-        s.recv = recv;
-        s.recv2 = recv2;
         s.recv_bytes = recv_bytes;
         return s;
-    }
-
-    /// The group of three of participant `me` (of p_ per third): its place, and the
-    /// other two, i + p t for the places t it does not hold, in order.
-    std::array<int, 3> group_of(int me) const noexcept {
-        const int place = me / p_, i = me % p_;
-        const int a = i + p_ * (place == 0 ? 1 : 0), b = i + p_ * (place == 2 ? 1 : 2);
-        return {place, a, b};
     }
 
     /// The all_gather: recursive doubling, each step a checked exchange of the run
@@ -428,8 +447,8 @@ private:
         if (folds) {
             steps_.push_back(take_from(rank_ - 1, scratch_partial(first(me)), block * es_, false));
         }
-        // Within this rank's third (all of them when none is three), participants
-        // base + i: runs of its blocks double; then a group of three swaps thirds.
+        // Within this rank's place (all of them without a group), participants
+        // base + i: runs of its blocks double; then the group swaps places' runs.
         const int i = me % p_, base = me - i;
         for (int mask = 1; mask < p_; mask <<= 1) {
             const int mine = base + (i & ~(mask - 1)), theirs = base + ((i ^ mask) & ~(mask - 1));
@@ -443,13 +462,11 @@ private:
             s.recv_bytes = (first(theirs + mask) - first(theirs)) * es_;
             steps_.push_back(s);
         }
-        if (unit_ == 3) { // each third's run to the other two thirds
-            const auto [place, a, b] = group_of(me);
-            const int a0 = a - i, b0 = b - i; // the first participants of their thirds
-            steps_.push_back(group_step(place, real(a), real(b), scratch_partial(first(base)),
-                                        first(base + p_) - first(base), scratch_partial(first(a0)),
-                                        scratch_partial(first(b0)),
-                                        (first(a0 + p_) - first(a0)) * es_));
+        if (unit_ > 1) { // each place's run to the group's other places
+            steps_.push_back(group_step(
+                me, real, scratch_partial(first(base)), first(base + p_) - first(base),
+                [&](int, int t) { return scratch_partial(first(p_ * t)); },
+                (first(p_) - first(0)) * es_));
         }
         own_block_ = {partial_, out, total_ * es_};
         if (folds) {
@@ -486,9 +503,9 @@ private:
             steps_.push_back(take);
             source = scratch_partial(0);
         }
-        // Within this rank's third (all of them when none is three), participants
-        // base + i: the halving; then a group of three sums the thirds' partial sums
-        // of the block they all kept.
+        // Within this rank's place (all of them without a group), participants
+        // base + i: the halving; then the group sums the places' partial sums of the
+        // block they all kept.
         const int i = me % p_, base = me - i;
         // Reduce-scatter by recursive halving: the range of blocks [b, b + width)
         // halves at each step; the lower rank of a pair keeps the lower half.
@@ -526,15 +543,20 @@ private:
             steps_.push_back(s);
             source = nullptr; // from now on the partial sums
         }
-        if (unit_ == 3) { // the kept block: this third's partial sums to the other two
-            const auto [place, a, b_] = group_of(me);
+        if (unit_ > 1) { // the kept block: this place's partial sums to the others
             const std::size_t blo = lo(b), elems = lo(b + 1) - blo;
             const std::byte* sums =
                 source == in ? in + blo * es_ : scratch_partial(blo - partial_base);
             const std::byte* like = in + blo * es_;
-            step s = group_step(place, real(a), real(b_), sums, elems, incoming_for(like),
-                                same_line_offset(incoming_ + elems * es_ + cache_line_bytes, like),
-                                elems * es_);
+            // Member k's at its own cache-line offset, a line past member k - 1's.
+            step s = group_step(
+                me, real, sums, elems,
+                [&](int k, int) {
+                    return same_line_offset(incoming_ + static_cast<std::size_t>(k) *
+                                                            (elems * es_ + cache_line_bytes),
+                                            like);
+                },
+                elems * es_);
             s.reduce_in = sums;
             s.reduce_out = scratch_partial(blo - partial_base);
             s.reduce_elems = elems;
@@ -560,7 +582,7 @@ private:
         const std::size_t own_lo = lo(b), own_hi = lo(b + 1);
         own_block_ = {scratch_partial(own_lo - partial_base), out + own_lo * es_,
                       (own_hi - own_lo) * es_};
-        copy_at_end_ = halvings.empty(); // a group of three alone: no all-gather to copy it
+        copy_at_end_ = halvings.empty(); // a group alone: no all-gather to copy it
         for (std::size_t k = halvings.size(); k-- > 0;) {
             const halving& h = halvings[k];
             const std::size_t kept_lo = lo(h.kept_b), kept_hi = lo(h.kept_b + h.kept_w);
@@ -643,9 +665,9 @@ private:
         if (s.recv_bytes != no_recv) {
             irecv(recv_stage_->data(), mpi_whole_message_max_bytes, s.peer, check_tag_);
         }
-        if (s.peer2 >= 0) {
-            irecv(recv_stage_->data() + mpi_whole_message_max_bytes, mpi_whole_message_max_bytes,
-                  s.peer2, check_tag_);
+        for (int k = 1; k < s.count; ++k) {
+            irecv(recv_stage_->data() + static_cast<std::size_t>(k) * mpi_whole_message_max_bytes,
+                  mpi_whole_message_max_bytes, s.peer_at(k), check_tag_);
         }
         if (s.sends) {
             const std::size_t data = faulted_ ? 0 : s.send_elems * es_;
@@ -662,10 +684,8 @@ private:
                     std::memcpy(send_stage_ + mpi_header_bytes, s.send, inline_bytes);
                 }
             }
-            for (const int peer : {s.peer, s.peer2}) {
-                if (peer < 0) {
-                    continue;
-                }
+            for (int k = 0; k < s.count; ++k) {
+                const int peer = s.peer_at(k);
                 isend(send_stage_, mpi_header_bytes + inline_bytes, peer, check_tag_);
                 if (!faulted_) {
                     const std::byte* rest = s.send + inline_bytes;
@@ -677,13 +697,13 @@ private:
         }
     }
 
-    /// Peer `k`'s first message is here (k = 1: a group of three's second peer):
+    /// Peer `k`'s first message is here (k > 0: a group's later members):
     /// check its header, then receive the rest of its data where it goes (into a
     /// drain when its call differs: every message of this call is received, so none
-    /// is left for a later call to match). In a group of three the fault is decided
-    /// once both have come (finish_step), alike on the three ranks.
+    /// is left for a later call to match). In a group the fault is decided once every
+    /// member's has come (finish_step), alike on all of them.
     void receive_first(const step& s, int k, const MPI_Status& status) {
-        const int peer = k == 0 ? s.peer : s.peer2;
+        const int peer = s.peer_at(k);
         int got = 0;
         MPI_Get_count(&status, MPI_BYTE, &got);
         const auto n = static_cast<std::size_t>(got);
@@ -711,7 +731,7 @@ private:
                                  peer, "operation");
         }
         const std::size_t rest = sent > n && n == mpi_first_part(sent) ? sent - n : 0;
-        const bool group = s.peer2 >= 0;
+        const bool group = s.count > 1;
         bool takes_data = false;
         if (theirs.faulted != 0) {
             if (n >= mpi_header_bytes + sizeof(mpi_call_fault)) {
@@ -738,7 +758,7 @@ private:
         }
         received_[static_cast<std::size_t>(k)] = takes_data;
         if (takes_data) {
-            std::byte* into = k == 0 ? s.recv : s.recv2;
+            std::byte* into = s.recv_at(k);
             const std::size_t inline_bytes = n - mpi_header_bytes;
             if (inline_bytes != 0) {
                 std::memcpy(into, first + mpi_header_bytes, inline_bytes);
@@ -772,24 +792,25 @@ private:
         return h;
     }
 
-    /// A group of three's headers are all here: the fault every one of the three
-    /// keeps is the lowest pair of ranks among those carried in and those of the
-    /// members whose calls differ (each of the three sees the same headers).
+    /// A group's headers are all here: the fault every member keeps is the lowest
+    /// pair of ranks among those carried in and those of the members whose calls
+    /// differ (every member sees the same headers).
     void decide_group(const step& s) {
         fault_choice choice{faulted_, fault_};
-        std::array<const mpi_call_header*, 3> calls{};
-        std::array<int, 3> ranks{};
+        std::array<const mpi_call_header*, max_group> calls{};
+        std::array<int, max_group> ranks{};
         std::size_t members = 0;
         if (!faulted_) {
             calls[members] = &mine_;
             ranks[members++] = rank_;
         }
-        for (std::size_t k = 0; k < 2; ++k) {
-            if (theirs_[k].faulted != 0) {
-                choice.keep(carried_[k]);
+        for (int k = 0; k < s.count; ++k) {
+            const auto at = static_cast<std::size_t>(k);
+            if (theirs_[at].faulted != 0) {
+                choice.keep(carried_[at]);
             } else {
-                calls[members] = &theirs_[k];
-                ranks[members++] = k == 0 ? s.peer : s.peer2;
+                calls[members] = &theirs_[at];
+                ranks[members++] = s.peer_at(k);
             }
         }
         for (std::size_t a = 0; a < members; ++a) {
@@ -808,26 +829,23 @@ private:
 
     /// The step's sends and receives are done: reduce what arrived.
     void finish_step(const step& s) {
-        if (s.checked && s.peer2 >= 0) {
+        if (s.checked && s.count > 1) {
             decide_group(s);
         }
-        if (faulted_ || !s.checked || s.reduce_out == nullptr || !received_[0] ||
-            (s.peer2 >= 0 && !received_[1])) {
+        if (faulted_ || !s.checked || s.reduce_out == nullptr ||
+            !std::all_of(received_.begin(), received_.begin() + s.count,
+                         [](bool r) { return r; })) {
             return;
         }
         // The partial results in the group's order (a pair's two commute).
-        std::array<const void*, 3> inputs{s.reduce_in, s.recv, nullptr};
-        int n = 2;
-        if (s.peer2 >= 0) {
-            const void* others[2] = {s.recv, s.recv2};
-            for (int k = 0, o = 0; k < 3; ++k) {
-                inputs[static_cast<std::size_t>(k)] = k == s.place ? s.reduce_in : others[o++];
-            }
-            n = 3;
+        std::array<const void*, max_group> inputs{};
+        for (int k = 0, o = 0; k <= s.count; ++k) {
+            inputs[static_cast<std::size_t>(k)] =
+                k == s.place ? static_cast<const void*>(s.reduce_in) : s.recv_at(o++);
         }
         void* outputs[1] = {s.reduce_out};
-        host_reduce(call_.type, call_.reduction, inputs.data(), n, outputs, 1, s.reduce_elems,
-                    s.last_reduce && call_.reduction == reduce_op::avg ? size_ : 1);
+        host_reduce(call_.type, call_.reduction, inputs.data(), s.count + 1, outputs, 1,
+                    s.reduce_elems, s.last_reduce && call_.reduction == reduce_op::avg ? size_ : 1);
     }
 
     MPI_Comm comm_;
@@ -835,11 +853,11 @@ private:
     const collective_call& call_;
     const call_label& label_;
     std::size_t es_;
-    int p_ = 1;            ///< ranks of the halving (a power of two), in units of ...
-    int unit_ = 1;         ///< ... one rank, or a group of three (three times a power of two ranks)
-    bool scatter_ = false; ///< a reduce_scatter
-    bool gather_ = false;  ///< an all_gather (neither: an all-reduce)
-    std::size_t total_ = 0;            ///< elements of the input
+    int p_ = 1;             ///< ranks of the halving (a power of two), in units of ...
+    int unit_ = 1;          ///< ... one rank, or a group of q (q times a power of two ranks)
+    bool scatter_ = false;  ///< a reduce_scatter
+    bool gather_ = false;   ///< an all_gather (neither: an all-reduce)
+    std::size_t total_ = 0; ///< elements of the input
     std::vector<std::size_t> slot_lo_; ///< a reduce_scatter's slots
     /// Slot s holds the blocks of slot_ranks_[s] ranks, from slot_rank_[s] on, every
     /// slot_stride_-th.
@@ -861,12 +879,12 @@ private:
     } own_block_;
     std::byte* send_stage_ = nullptr;
     std::vector<std::byte>* recv_stage_ = nullptr;
-    std::array<std::vector<std::byte>, 2> drains_;
+    std::array<std::vector<std::byte>, max_step_peers> drains_;
     bool first_arrived_ = false;
-    int firsts_arrived_ = 0;         ///< a group of three's first messages so far
-    std::array<bool, 2> received_{}; ///< the data of each peer is this call's
-    std::array<mpi_call_header, 2> theirs_{};
-    std::array<mpi_call_fault, 2> carried_{}; ///< faults the peers' headers announced
+    int firsts_arrived_ = 0;                      ///< a group's first messages so far
+    std::array<bool, max_step_peers> received_{}; ///< the data of each peer is this call's
+    std::array<mpi_call_header, max_step_peers> theirs_{};
+    std::array<mpi_call_fault, max_step_peers> carried_{}; ///< faults the peers' headers announced
     bool copy_at_end_ =
         false; ///< an all-reduce with no all-gather step copies its block at the end
     bool faulted_ = false;

@@ -3,9 +3,9 @@
 /// \file
 /// The schedules of the MPI backend's checked exchange (handshake.hpp): for one
 /// rank, the peers each step sends to and receives from, and what the received data
-/// is for. Two schedules: recursive doubling over every rank (with a group of three
-/// for rank counts of three times a power of two, and the usual fold of the ranks
-/// beyond the participants), and the node-aware two-level one (a binomial tree
+/// is for. Two schedules: recursive doubling over every rank (with a group of three,
+/// five or seven for rank counts of that many times a power of two, and the usual
+/// fold of the ranks beyond the participants otherwise), and the node-aware two-level one (a binomial tree
 /// inside each node up to its lowest rank, recursive doubling among those leaders,
 /// the tree back down). And the node-aware all_gather's (node_all_gather.hpp runs
 /// it, after the call check): each node's blocks gathered at its lowest rank, those
@@ -55,17 +55,25 @@ struct node_layout {
     bool one_node(int size) const noexcept { return node_ranks >= size; }
 };
 
-/// The most peers of one step: a pair's one, or the two others of a group of three.
-inline constexpr int max_step_peers = 2;
+/// The largest group that ends recursive doubling (doubling_shape_of): 3, 5 or 7
+/// times a power of two ranks meet in groups of that many instead of folding.
+inline constexpr int max_group = 7;
+/// The most peers of one step: a pair's one, or the others of a group.
+inline constexpr int max_step_peers = max_group - 1;
 
 /// One step of a checked exchange: this rank's message to each of its peers, each
-/// peer's message to it, or both, posted together. In a group of three every
-/// member sends its partial result to the other two and reduces the three in the
-/// group's order, so that all three hold the same bits.
+/// peer's message to it, or both, posted together. In a group every member sends
+/// its partial result to the others and reduces them all in the group's order, so
+/// that every member holds the same bits.
 struct exchange_step {
-    std::array<int, max_step_peers> peers{-1, -1}; ///< in the group's order, this rank left out
-    int count = 1;                                 ///< peers in this step
-    int place = 0;                                 ///< this rank's place in the group's order
+    /// In the group's order, this rank left out; -1 past `count`.
+    std::array<int, max_step_peers> peers = [] {
+        std::array<int, max_step_peers> none{};
+        none.fill(-1);
+        return none;
+    }();
+    int count = 1; ///< peers in this step
+    int place = 0; ///< this rank's place in the group's order
     bool send = false;
     bool recv = false;
     bool reduce = false; ///< fold the received data into the partial result
@@ -119,17 +127,18 @@ private:
 };
 
 /// How recursive doubling among `count` participants goes: `participants` of them
-/// exchange, the rest fold into them. Three times a power of two exchange as they
-/// are, ending in a group of three (one step where the fold took two), when each
-/// third of them is whole nodes of `node_ranks` (the most ranks a node holds; 1: a
-/// rank per node) or they share one node: a group of three that spans a node
-/// boundary sends every rank's share through the node's one link (simulated, 12
-/// ranks on nodes of 8: Rabenseifner's 1.28-1.49x MPI's best from 2 MiB, against
-/// 1.01-1.03x with the fold). Any other count folds into the largest power of two
-/// below it. `steps`: on the longest path.
+/// exchange, the rest fold into them. A count of q times a power of two, q = 3, 5
+/// or 7, exchanges as it is, pairs within each q-th of them and then one step in
+/// groups of q (where the fold took two more steps of the whole buffer), when each
+/// q-th is whole nodes of `node_ranks` (the most ranks a node holds; 1: a rank per
+/// node) or they share one node: a group that spans a node boundary sends every
+/// rank's share through the node's one link (simulated, 12 ranks on nodes of 8:
+/// Rabenseifner's 1.28-1.49x MPI's best from 2 MiB, against 1.01-1.03x with the
+/// fold). Any other count folds into the largest power of two below it. `steps`:
+/// on the longest path.
 struct doubling_shape {
     int participants = 1;
-    bool three = false; ///< a group of three last
+    int group = 1; ///< the group that ends it: 3, 5 or 7 (1: none, pairs only)
     int steps = 0;
 };
 
@@ -138,11 +147,13 @@ constexpr doubling_shape doubling_shape_of(int count, int node_ranks = 1) noexce
         return static_cast<int>(std::bit_width(static_cast<unsigned>(v))) - 1;
     };
     const int two = static_cast<int>(std::bit_floor(static_cast<unsigned>(count)));
-    if (count >= 3 && count % 3 == 0 && std::has_single_bit(static_cast<unsigned>(count / 3)) &&
-        (node_ranks <= 1 || node_ranks >= count || (count / 3) % node_ranks == 0)) {
-        return {count, true, 1 + log2(count / 3)};
+    for (int q = 3; q <= max_group; q += 2) {
+        if (count >= q && count % q == 0 && std::has_single_bit(static_cast<unsigned>(count / q)) &&
+            (node_ranks <= 1 || node_ranks >= count || (count / q) % node_ranks == 0)) {
+            return {count, q, 1 + log2(count / q)};
+        }
     }
-    return {two, false, log2(two) + (count > two ? 2 : 0)};
+    return {two, 1, log2(two) + (count > two ? 2 : 0)};
 }
 
 /// Appends recursive doubling among `count` participants, this rank being
@@ -150,10 +161,11 @@ constexpr doubling_shape doubling_shape_of(int count, int node_ranks = 1) noexce
 /// doubling_shape_of(count, node_ranks).participants and rem = count - c. Of the first 2 rem
 /// participants, each even one hands its data to the odd one after it and gets
 /// the result back at the end (MPICH's fold); the other c, numbered v = 0 .. c - 1,
-/// exchange with the partner at distance 1, 2, 4, ...; when c is three times a
-/// power of two p, within each third (v = i + p place, i < p), and then in groups
-/// of three, i, i + p and i + 2p, each sending to the other two. Rabenseifner's
-/// schedules (rabenseifner.hpp) meet the same partners in the same order.
+/// exchange with the partner at distance 1, 2, 4, ...; when c is q times a power
+/// of two p (a group of q), within each q-th (v = i + p place, i < p), and then in
+/// groups of q, i, i + p, ..., i + (q - 1) p, each sending to the q - 1 others.
+/// Rabenseifner's schedules (rabenseifner.hpp) meet the same partners in the same
+/// order.
 template <class RankOf>
 void add_recursive_doubling(int me, int count, RankOf rank_of, exchange_plan& plan,
                             int node_ranks = 1) {
@@ -168,19 +180,19 @@ void add_recursive_doubling(int me, int count, RankOf rank_of, exchange_plan& pl
     }
     const auto participant = [&](int v) { return rank_of(v < rem ? v * 2 + 1 : v + rem); };
     const int v = me < 2 * rem ? me / 2 : me - rem;
-    // Three places of p participants each (v = i + p place; one place when c is a
-    // power of two): pairs within the place, then the group of three, i + p t.
-    const int places = shape.three ? 3 : 1;
+    // q places of p participants each (v = i + p place; one place without a group):
+    // pairs within the place, then the group, i + p t.
+    const int places = shape.group;
     const int p = shape.participants / places;
     const int i = v % p, place = v / p;
     for (int mask = 1; mask < p; mask <<= 1) {
         plan.add(exchange_step::with(participant((i ^ mask) + p * place), true, true, true, false));
     }
-    if (shape.three) {
+    if (places > 1) {
         exchange_step s = exchange_step::with(-1, true, true, true, false);
-        s.count = 2;
+        s.count = places - 1;
         s.place = place;
-        for (int t = 0, k = 0; t < 3; ++t) {
+        for (int t = 0, k = 0; t < places; ++t) {
             if (t != place) {
                 s.peers[static_cast<std::size_t>(k++)] = participant(i + p * t);
             }
