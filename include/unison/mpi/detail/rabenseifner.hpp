@@ -173,12 +173,12 @@ public:
         } else {
             plan();
         }
-        if (send_stage.size() < mpi_whole_message_max_bytes) {
-            send_stage.resize(mpi_whole_message_max_bytes);
-        }
-        // A first message from each peer of a step: q - 1 in a group of q.
+        // A first message to and from each peer of a step: q - 1 in a group of q.
         const std::size_t firsts =
             static_cast<std::size_t>(std::max(1, unit_ - 1)) * mpi_whole_message_max_bytes;
+        if (send_stage.size() < firsts) {
+            send_stage.resize(firsts);
+        }
         if (recv_stage.size() < firsts) {
             recv_stage.resize(firsts);
         }
@@ -305,12 +305,16 @@ private:
     struct step {
         int peer = -1; ///< a group's first other member
         /// A group of q (q times a power of two ranks): its q - 1 other members, in
-        /// the group's order without this rank (which is at `place`), peers[0] ==
-        /// peer, each sent the same message; member k's data arrives at recvs[k]
-        /// (recvs[0] == recv). The q partial results fold in the group's order.
+        /// the group's order without this rank (which is at `place`); member k
+        /// (peers[k]) gets send_counts[k] elements from send_data[k], and its
+        /// recv_sizes[k] bytes arrive at recvs[k] (peer, send, send_elems, recv and
+        /// recv_bytes: member 0's). The q partial results fold in the group's order.
         int count = 1;
         std::array<int, max_step_peers> peers{};
+        std::array<const std::byte*, max_step_peers> send_data{};
+        std::array<std::size_t, max_step_peers> send_counts{};
         std::array<std::byte*, max_step_peers> recvs{};
+        std::array<std::size_t, max_step_peers> recv_sizes{};
         int place = 0;
         bool checked = false;       ///< the call header travels first (fold, reduce-scatter)
         bool writes_output = false; ///< receives into the caller's output
@@ -331,6 +335,23 @@ private:
         }
         std::byte* recv_at(int k) const noexcept {
             return count == 1 ? recv : recvs[static_cast<std::size_t>(k)];
+        }
+        std::size_t recv_bytes_at(int k) const noexcept {
+            return count == 1 ? recv_bytes : recv_sizes[static_cast<std::size_t>(k)];
+        }
+        const std::byte* send_at(int k) const noexcept {
+            return count == 1 ? send : send_data[static_cast<std::size_t>(k)];
+        }
+        std::size_t send_elems_at(int k) const noexcept {
+            return count == 1 ? send_elems : send_counts[static_cast<std::size_t>(k)];
+        }
+        /// Member 0's entries copied to the single-peer fields.
+        void first_member() noexcept {
+            peer = peers[0];
+            send = send_data[0];
+            send_elems = send_counts[0];
+            recv = recvs[0];
+            recv_bytes = recv_sizes[0];
         }
     };
 
@@ -410,16 +431,15 @@ private:
             if (t != place) {
                 const auto k = static_cast<std::size_t>(s.count++);
                 s.peers[k] = real(i + p_ * t);
+                s.send_data[k] = from;
+                s.send_counts[k] = elems;
                 s.recvs[k] = recv(static_cast<int>(k), t);
+                s.recv_sizes[k] = recv_bytes;
             }
         }
-        s.peer = s.peers[0];
-        s.recv = s.recvs[0];
+        s.first_member();
         s.checked = true;
         s.sends = true;
-        s.send = from;
-        s.send_elems = elems;
-        s.recv_bytes = recv_bytes;
         return s;
     }
 
@@ -543,23 +563,45 @@ private:
             steps_.push_back(s);
             source = nullptr; // from now on the partial sums
         }
-        if (unit_ > 1) { // the kept block: this place's partial sums to the others
-            const std::size_t blo = lo(b), elems = lo(b + 1) - blo;
+        // The group: its q members hold the same block b, each summed over its own
+        // place; they reduce-scatter it among themselves, member t summing share t
+        // (a reduce_scatter's share t is the block of the slot's t-th rank), so each
+        // link carries (q - 1) / q of the block where sending all of it to every
+        // other member would carry q - 1 blocks.
+        const int place = me / p_;
+        const std::size_t blo = lo(b), elems = lo(b + 1) - blo;
+        const auto share = [&](int t) { // the first element of share t, from blo
+            const auto u = static_cast<std::size_t>(t), q = static_cast<std::size_t>(unit_);
+            return scatter_ ? u * call_.count : u * (elems / q) + std::min(u, elems % q);
+        };
+        const std::size_t mine_lo = blo + share(place), mine = share(place + 1) - share(place);
+        if (unit_ > 1) {
             const std::byte* sums =
                 source == in ? in + blo * es_ : scratch_partial(blo - partial_base);
-            const std::byte* like = in + blo * es_;
-            // Member k's at its own cache-line offset, a line past member k - 1's.
-            step s = group_step(
-                me, real, sums, elems,
-                [&](int k, int) {
-                    return same_line_offset(incoming_ + static_cast<std::size_t>(k) *
-                                                            (elems * es_ + cache_line_bytes),
-                                            like);
-                },
-                elems * es_);
-            s.reduce_in = sums;
-            s.reduce_out = scratch_partial(blo - partial_base);
-            s.reduce_elems = elems;
+            const std::byte* like = in + mine_lo * es_;
+            step s;
+            s.place = place;
+            s.count = 0;
+            for (int t = 0; t < unit_; ++t) {
+                if (t == place) {
+                    continue;
+                }
+                // Member k's share of this rank's at its own cache-line offset, a line
+                // past member k - 1's.
+                const auto k = static_cast<std::size_t>(s.count++);
+                s.peers[k] = real(i + p_ * t);
+                s.send_data[k] = sums + share(t) * es_;
+                s.send_counts[k] = share(t + 1) - share(t);
+                s.recvs[k] =
+                    same_line_offset(incoming_ + k * (mine * es_ + cache_line_bytes), like);
+                s.recv_sizes[k] = mine * es_;
+            }
+            s.first_member();
+            s.checked = true;
+            s.sends = true;
+            s.reduce_in = sums + share(place) * es_;
+            s.reduce_out = scratch_partial(mine_lo - partial_base);
+            s.reduce_elems = mine;
             s.last_reduce = true;
             steps_.push_back(s);
         }
@@ -579,10 +621,33 @@ private:
         // rank holds, receive what the partner of that step kept.
         // With the halving's partners at distance 1, 2, 4, ... the block a rank ends
         // with is its number with the bits reversed: b, where the halving left it.
-        const std::size_t own_lo = lo(b), own_hi = lo(b + 1);
+        // In a group, first the members' shares of b to every member (the block's
+        // all-gather, straight into the output; the own share copied there first).
+        const std::size_t own_lo = unit_ > 1 ? mine_lo : lo(b);
+        const std::size_t own_hi = unit_ > 1 ? mine_lo + mine : lo(b + 1);
         own_block_ = {scratch_partial(own_lo - partial_base), out + own_lo * es_,
                       (own_hi - own_lo) * es_};
-        copy_at_end_ = halvings.empty(); // a group alone: no all-gather to copy it
+        copy_at_end_ = halvings.empty() && unit_ == 1; // one rank: no all-gather to copy it
+        if (unit_ > 1) {
+            step s;
+            s.place = place;
+            s.count = 0;
+            for (int t = 0; t < unit_; ++t) {
+                if (t != place) {
+                    const auto k = static_cast<std::size_t>(s.count++);
+                    s.peers[k] = real(i + p_ * t);
+                    s.send_data[k] = own_block_.from;
+                    s.send_counts[k] = mine;
+                    s.recvs[k] = out + (blo + share(t)) * es_;
+                    s.recv_sizes[k] = (share(t + 1) - share(t)) * es_;
+                }
+            }
+            s.first_member();
+            s.writes_output = true;
+            s.copy_block = true;
+            s.sends = true;
+            steps_.push_back(s);
+        }
         for (std::size_t k = halvings.size(); k-- > 0;) {
             const halving& h = halvings[k];
             const std::size_t kept_lo = lo(h.kept_b), kept_hi = lo(h.kept_b + h.kept_w);
@@ -590,7 +655,7 @@ private:
             step s;
             s.peer = h.peer;
             s.writes_output = true;
-            s.copy_block = k + 1 == halvings.size();
+            s.copy_block = k + 1 == halvings.size() && unit_ == 1;
             s.sends = true;
             s.send = out + kept_lo * es_;
             s.send_elems = kept_hi - kept_lo;
@@ -653,12 +718,16 @@ private:
             if (s.copy_block && own_block_.bytes != 0) {
                 std::memcpy(own_block_.out, own_block_.from, own_block_.bytes);
             }
-            for_each_segment(s.recv_bytes, [&](std::size_t at, std::size_t len) {
-                irecv(s.recv + at, len, s.peer, gather_tag_);
-            });
-            for_each_segment(s.send_elems * es_, [&](std::size_t at, std::size_t len) {
-                isend(s.send + at, len, s.peer, gather_tag_);
-            });
+            for (int k = 0; k < s.count; ++k) {
+                for_each_segment(s.recv_bytes_at(k), [&](std::size_t at, std::size_t len) {
+                    irecv(s.recv_at(k) + at, len, s.peer_at(k), gather_tag_);
+                });
+            }
+            for (int k = 0; k < s.count; ++k) {
+                for_each_segment(s.send_elems_at(k) * es_, [&](std::size_t at, std::size_t len) {
+                    isend(s.send_at(k) + at, len, s.peer_at(k), gather_tag_);
+                });
+            }
             return;
         }
         firsts_arrived_ = 0;
@@ -669,30 +738,32 @@ private:
             irecv(recv_stage_->data() + static_cast<std::size_t>(k) * mpi_whole_message_max_bytes,
                   mpi_whole_message_max_bytes, s.peer_at(k), check_tag_);
         }
-        if (s.sends) {
-            const std::size_t data = faulted_ ? 0 : s.send_elems * es_;
+        // Each peer's first message staged on its own (a group's members may each get
+        // other data): the header, then the fault or the data's first bytes.
+        for (int k = 0; s.sends && k < s.count; ++k) {
+            std::byte* stage =
+                send_stage_ + static_cast<std::size_t>(k) * mpi_whole_message_max_bytes;
+            const std::size_t data = faulted_ ? 0 : s.send_elems_at(k) * es_;
             mine_.following = data;
             mine_.faulted = faulted_ ? 1 : 0;
-            std::memcpy(send_stage_, &mine_, mpi_header_bytes);
+            std::memcpy(stage, &mine_, mpi_header_bytes);
             std::size_t inline_bytes = 0;
             if (faulted_) {
-                std::memcpy(send_stage_ + mpi_header_bytes, &fault_, sizeof(mpi_call_fault));
+                std::memcpy(stage + mpi_header_bytes, &fault_, sizeof(mpi_call_fault));
                 inline_bytes = sizeof(mpi_call_fault);
             } else {
                 inline_bytes = mpi_first_part(mpi_header_bytes + data) - mpi_header_bytes;
                 if (inline_bytes != 0) {
-                    std::memcpy(send_stage_ + mpi_header_bytes, s.send, inline_bytes);
+                    std::memcpy(stage + mpi_header_bytes, s.send_at(k), inline_bytes);
                 }
             }
-            for (int k = 0; k < s.count; ++k) {
-                const int peer = s.peer_at(k);
-                isend(send_stage_, mpi_header_bytes + inline_bytes, peer, check_tag_);
-                if (!faulted_) {
-                    const std::byte* rest = s.send + inline_bytes;
-                    for_each_segment(data - inline_bytes, [&](std::size_t at, std::size_t len) {
-                        isend(rest + at, len, peer, rest_tag_);
-                    });
-                }
+            const int peer = s.peer_at(k);
+            isend(stage, mpi_header_bytes + inline_bytes, peer, check_tag_);
+            if (!faulted_) {
+                const std::byte* rest = s.send_at(k) + inline_bytes;
+                for_each_segment(data - inline_bytes, [&](std::size_t at, std::size_t len) {
+                    isend(rest + at, len, peer, rest_tag_);
+                });
             }
         }
     }
@@ -748,7 +819,17 @@ private:
                                          "this collective",
                                      peer, "operation");
             }
-        } else if (!agrees(theirs, s.recv_bytes)) {
+        } else if (group && same_call(without_following(mine_), without_following(theirs)) &&
+                   theirs.following != s.recv_bytes_at(k)) {
+            // A member sends each other member its share: the same call sends this
+            // rank exactly its share's bytes (decide_group compares the calls alone).
+            throw mismatch_error(
+                rank_, label_.str(),
+                "rank " + std::to_string(peer) + " sent " + std::to_string(theirs.following) +
+                    " bytes of its group's block where " + std::to_string(s.recv_bytes_at(k)) +
+                    " were due: it is not running this collective",
+                peer, "operation");
+        } else if (!agrees(theirs, s.recv_bytes_at(k))) {
             if (!group && !faulted_) {
                 fault_ = fault_between(rank_, mine_, peer, theirs);
                 faulted_ = true;
@@ -794,7 +875,8 @@ private:
 
     /// A group's headers are all here: the fault every member keeps is the lowest
     /// pair of ranks among those carried in and those of the members whose calls
-    /// differ (every member sees the same headers).
+    /// differ (every member sees the same headers, but for the data bytes that
+    /// follow, its own share's: receive_first checks those).
     void decide_group(const step& s) {
         fault_choice choice{faulted_, fault_};
         std::array<const mpi_call_header*, max_group> calls{};
@@ -815,8 +897,7 @@ private:
         }
         for (std::size_t a = 0; a < members; ++a) {
             for (std::size_t b = a + 1; b < members; ++b) {
-                if (!same_call(without_following(*calls[a]), without_following(*calls[b])) ||
-                    calls[a]->following != calls[b]->following) {
+                if (!same_call(without_following(*calls[a]), without_following(*calls[b]))) {
                     choice.keep(fault_between(ranks[a], *calls[a], ranks[b], *calls[b]));
                 }
             }
