@@ -118,7 +118,7 @@ TEST_CASE("mpi reduce_scatter: every algorithm gives the serial result") {
                : a != unison::algorithm::automatic
                    ? a
                    : unison::mpi_tuning::reduce_scatter(per(1000) * sizeof(float), n,
-                                                        comm.one_node())));
+                                                        comm.node_ranks())));
         std::uint64_t seed = 500;
         for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000},
                                   std::size_t{5000}, std::size_t{70001}}) {

@@ -241,36 +241,44 @@ TEST_CASE("mpi tuning: the reduce_scatter halves small buffers on one node and m
           "several; any of its three when forced") {
     using unison::algorithm;
     namespace tuning = unison::mpi_tuning;
-    const auto tuned = [](std::size_t bytes, int ranks, bool one_node) {
-        return unison::mpi_reduce_scatter_algorithm(algorithm::automatic, bytes, ranks, one_node);
+    // node_ranks: the most ranks on one node (ranks: one node; 1: a rank per node).
+    const auto tuned = [](std::size_t bytes, int ranks, int node_ranks) {
+        return unison::mpi_reduce_scatter_algorithm(algorithm::automatic, bytes, ranks, node_ranks);
     };
     // One node: recursive halving below the thresholds, the direct exchange from them.
-    CHECK(tuned(tuning::pair_halving_max_bytes - 1, 2, true) == algorithm::rabenseifner);
-    CHECK(tuned(tuning::pair_halving_max_bytes, 2, true) == algorithm::rank_ordered);
-    CHECK(tuned(tuning::pair_halving_max_bytes, 4, true) == algorithm::rabenseifner);
-    CHECK(tuned(tuning::node_halving_max_bytes - 1, 3, true) == algorithm::rabenseifner);
-    CHECK(tuned(tuning::node_halving_max_bytes, 8, true) == algorithm::rank_ordered);
+    CHECK(tuned(tuning::pair_halving_max_bytes - 1, 2, 2) == algorithm::rabenseifner);
+    CHECK(tuned(tuning::pair_halving_max_bytes, 2, 2) == algorithm::rank_ordered);
+    CHECK(tuned(tuning::pair_halving_max_bytes, 4, 4) == algorithm::rabenseifner);
+    CHECK(tuned(tuning::node_halving_max_bytes - 1, 3, 3) == algorithm::rabenseifner);
+    CHECK(tuned(tuning::node_halving_max_bytes, 8, 8) == algorithm::rank_ordered);
+    CHECK(tuned(tuning::node_halving_max_bytes, 5, 8) == algorithm::rank_ordered);
     // Several nodes: a power of two halves at every size; other counts leave large
-    // buffers to MPI's own.
+    // buffers to MPI's own with a rank per node, and halve over nodes of several.
     for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20, std::size_t{1} << 30}) {
-        CHECK(tuned(bytes, 2, false) == algorithm::rabenseifner);
-        CHECK(tuned(bytes, 64, false) == algorithm::rabenseifner);
+        CHECK(tuned(bytes, 2, 1) == algorithm::rabenseifner);
+        CHECK(tuned(bytes, 64, 1) == algorithm::rabenseifner);
+        CHECK(tuned(bytes, 64, 8) == algorithm::rabenseifner);
         CHECK(
-            tuned(bytes, 24, false) ==
+            tuned(bytes, 24, 1) ==
             (bytes < tuning::odd_halving_max_bytes ? algorithm::rabenseifner : algorithm::native));
+        for (int ranks : {10, 12, 20, 24}) {
+            CHECK(tuned(bytes, ranks, 8) == algorithm::rabenseifner);
+            CHECK(tuned(bytes, ranks, 2) == algorithm::rabenseifner);
+        }
         for (algorithm forced :
              {algorithm::native, algorithm::rank_ordered, algorithm::rabenseifner}) {
-            CHECK(unison::mpi_reduce_scatter_algorithm(forced, bytes, 4, true) == forced);
-            CHECK(unison::mpi_reduce_scatter_algorithm(forced, bytes, 24, false) == forced);
+            CHECK(unison::mpi_reduce_scatter_algorithm(forced, bytes, 4, 4) == forced);
+            CHECK(unison::mpi_reduce_scatter_algorithm(forced, bytes, 24, 1) == forced);
+            CHECK(unison::mpi_reduce_scatter_algorithm(forced, bytes, 24, 8) == forced);
         }
         // The all-reduce's other algorithms leave the reduce_scatter to the tuning.
         for (algorithm other :
              {algorithm::ring, algorithm::recursive_doubling, algorithm::two_level}) {
-            CHECK(unison::mpi_reduce_scatter_algorithm(other, bytes, 64, false) ==
-                  tuned(bytes, 64, false));
+            CHECK(unison::mpi_reduce_scatter_algorithm(other, bytes, 64, 1) == tuned(bytes, 64, 1));
+            CHECK(unison::mpi_reduce_scatter_algorithm(other, bytes, 24, 1) == tuned(bytes, 24, 1));
         }
         // One rank has nothing to exchange.
-        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::rank_ordered, bytes, 1, true) ==
+        CHECK(unison::mpi_reduce_scatter_algorithm(algorithm::rank_ordered, bytes, 1, 1) ==
               algorithm::native);
     }
 }

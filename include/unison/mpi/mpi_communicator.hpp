@@ -123,7 +123,8 @@ public:
     /// direct exchange) or native (MPI's own), forced like the all-reduce's or the
     /// tuning's choice.
     algorithm reduce_scatter_algorithm(std::size_t bytes) const noexcept {
-        return mpi_reduce_scatter_algorithm(state_->forced, bytes, state_->size, state_->one_node);
+        return mpi_reduce_scatter_algorithm(state_->forced, bytes, state_->size,
+                                            state_->nodes.node_ranks);
     }
 
     /// The algorithm an all_gather of `bytes` in all (count times the ranks) runs on

@@ -133,16 +133,15 @@ inline constexpr std::size_t odd_some_ring_min_bytes = 2 * 1024 * 1024;
 /// Rabenseifner ...
 inline constexpr std::size_t odd_rabenseifner_min_bytes = 64 * 1024;
 /// ... but across nodes from many_ranks_rabenseifner_min_bytes, as for a power of
-/// two: the fold costs recursive doubling the same two steps (and three times a
-/// power of two folds nothing: schedule.hpp's groups of three). Simulated with a
-/// rank per node at 16 and 32 KiB, over MPI's best on the flat cluster and the fat
-/// tree: at 9, 11, 13, 14, 20 and 40 ranks (folds) Rabenseifner's 0.90-1.08x,
-/// recursive doubling 0.76-1.58x (1.07-1.58x on the fat tree); at 12, 24 and 48
-/// (groups of three) 0.51-0.78x against 0.59-1.53x. At 10 ranks of the flat
-/// cluster recursive doubling led (0.82 and 0.98x against 1.11 and 1.29x; MPI's
-/// best there, the `mpich` selector's call, took 0.83-0.91 of its time at 9 and 11
-/// ranks), on the fat tree not (1.06 and 0.99x against 0.97 and 1.02x). One node of so many
-/// ranks was not measured and keeps odd_rabenseifner_min_bytes.
+/// two: the fold costs recursive doubling the same two steps (and 3, 5 or 7 times a
+/// power of two fold nothing: schedule.hpp's groups). Simulated with a rank per
+/// node at 16 and 32 KiB, over MPI's best on the flat cluster and the fat tree: at
+/// 9, 11 and 13 ranks (folds) Rabenseifner's 0.90-1.08x, recursive doubling
+/// 0.76-1.32x (1.07-1.32x on the fat tree); at 12, 24 and 48 (groups of three)
+/// 0.51-0.78x against 0.59-1.53x; at 10, 20 and 40 (groups of five, 2026-12-06)
+/// 0.46-0.67x against 0.48-1.58x. (While 10 ranks folded, recursive doubling led
+/// there on the flat cluster, 0.82 and 0.98x against 1.11 and 1.29x.) One node of
+/// so many ranks was not measured and keeps odd_rabenseifner_min_bytes.
 /// ... and the ring from this many bytes per rank (its messages then large enough
 /// that their number costs less than the fold). Over nodes of several ranks,
 /// Rabenseifner's instead, from two_level_max_bytes (all_reduce, below).
@@ -189,13 +188,21 @@ constexpr bool rank_ordered_direct(std::size_t bytes, int ranks) noexcept {
 // processes). Simulated nodes of 4 and 8 ranks agree (the two within 10% at 64 KiB,
 // the direct exchange 0.56-0.60x MPI's best from 128 KiB, the halving 0.69-0.73x),
 // so the direct exchange takes over at 64 KiB. 3 ranks (a fold) were not measured.
+//
+// Over nodes of several ranks (nodes of 8, 10 to 24 ranks, 32 KiB to 2 MiB,
+// 2026-12-06), the halving beat MPI's own after the check at every size and count:
+// 0.15-1.35x MPI's best (1.03-1.35x at 512 KiB, where the simulated MPI's time
+// drops below its 128 KiB one), MPI's own 0.65-3.54x (1.38-3.54x at 512 KiB;
+// the direct exchange no better, 0.61-3.49x), so there the halving takes every
+// size whatever the count.
 
 /// One node: recursive halving below this many bytes (the input), over 2 ranks ...
 inline constexpr std::size_t pair_halving_max_bytes = 16 * 1024;
 /// ... and more; the direct exchange from there.
 inline constexpr std::size_t node_halving_max_bytes = 64 * 1024;
-/// Several nodes, a rank count not a power of two: recursive halving below this
-/// many bytes, MPI's own from there. (A power of two: the halving at every size.)
+/// A rank per node, a rank count not a power of two: recursive halving below this
+/// many bytes, MPI's own from there. (A power of two, or nodes of several ranks:
+/// the halving at every size.)
 inline constexpr std::size_t odd_halving_max_bytes = 64 * 1024;
 
 static_assert(pair_halving_max_bytes <= node_halving_max_bytes,
@@ -203,18 +210,20 @@ static_assert(pair_halving_max_bytes <= node_halving_max_bytes,
               "after its check), so they leave it first");
 
 /// The algorithm that carries a reduce_scatter of `bytes` in all (the input: count
-/// times the ranks) over `ranks` ranks; `one_node` when every rank shares memory
-/// with every other.
-constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, bool one_node) noexcept {
+/// times the ranks) over `ranks` ranks; `node_ranks` is the most ranks one node
+/// holds (`ranks` when every rank shares memory with every other, 1 with one rank
+/// per node).
+constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, int node_ranks) noexcept {
     if (ranks <= 1) {
         return algorithm::native;
     }
-    if (one_node) {
+    if (node_ranks >= ranks) { // one node
         const std::size_t halving_below =
             ranks == 2 ? pair_halving_max_bytes : node_halving_max_bytes;
         return bytes < halving_below ? algorithm::rabenseifner : algorithm::rank_ordered;
     }
-    if (!std::has_single_bit(static_cast<unsigned>(ranks)) && bytes >= odd_halving_max_bytes) {
+    if (node_ranks <= 1 && !std::has_single_bit(static_cast<unsigned>(ranks)) &&
+        bytes >= odd_halving_max_bytes) {
         return algorithm::native;
     }
     return algorithm::rabenseifner;
@@ -535,19 +544,20 @@ inline algorithm mpi_forced_algorithm(const comm_options& o) {
 }
 
 /// The algorithm the MPI backend's reduce_scatter of `bytes` in all runs over
-/// `ranks` ranks, `forced` being mpi_forced_algorithm's: the reduce_scatter has three,
+/// `ranks` ranks (`node_ranks`: the most of them on one node), `forced` being
+/// mpi_forced_algorithm's: the reduce_scatter has three,
 /// rank_ordered (the direct exchange), rabenseifner (its recursive halving alone)
 /// and native, and takes any of them when forced (so rank_ordered when
 /// deterministic); otherwise the tuning's choice.
 constexpr algorithm mpi_reduce_scatter_algorithm(algorithm forced, std::size_t bytes, int ranks,
-                                                 bool one_node) noexcept {
+                                                 int node_ranks) noexcept {
     if (ranks <= 1) {
         return algorithm::native;
     }
     return forced == algorithm::rank_ordered || forced == algorithm::native ||
                    forced == algorithm::rabenseifner
                ? forced
-               : mpi_tuning::reduce_scatter(bytes, ranks, one_node);
+               : mpi_tuning::reduce_scatter(bytes, ranks, node_ranks);
 }
 
 /// The algorithm the MPI backend's all_gather of `bytes` in all runs over `ranks`

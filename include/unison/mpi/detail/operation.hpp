@@ -423,7 +423,7 @@ public:
         } else if (c.op == operation::reduce_scatter) { // announced in the header too
             algorithm_ = mpi_reduce_scatter_algorithm(
                 state_.forced, c.count * size_of(c.type) * static_cast<std::size_t>(state_.size),
-                state_.size, state_.one_node);
+                state_.size, state_.nodes.node_ranks);
         } else if (c.op == operation::all_gather) {
             algorithm_ = mpi_all_gather_algorithm(
                 state_.forced, c.count * size_of(c.type) * static_cast<std::size_t>(state_.size),

@@ -11,11 +11,13 @@
 /// 7; schedule.hpp's doubling_shape_of): the halving runs within each q-th of the
 /// ranks (p = n / q of them, participants i + p t of place t), so that the q ranks
 /// i, i + p, ..., i + (q - 1) p end holding the same block, each summed over its
-/// own place; each sends it to the q - 1 others and sums the q in that order (one
-/// step of q - 1 messages of a p-th of the buffer where the fold costs two of the
-/// whole), and the doubling runs within the places again. The reduce_scatter and
-/// the all_gather below do the same (the all_gather doubles within its place, then
-/// each place's run goes to the others).
+/// own place; they reduce-scatter it, member t getting share t of each member's
+/// block and summing the q shares in the group's order (one step of q - 1 messages
+/// of a (p q)-th of the buffer where the fold costs two of the whole), then gather
+/// the shares among themselves, and the doubling runs within the places again. The
+/// reduce_scatter below does the same (share t is the block of the group's t-th
+/// rank, so no gathering follows), and the all_gather doubles within its place,
+/// then sends its place's run to each of the others.
 ///
 /// The call check rides along instead of running first: every message of the fold
 /// and of the reduce-scatter starts with the call header (handshake.hpp's
