@@ -39,7 +39,8 @@ latency of one message and b the bandwidth, P the largest power of two <= p and
 f = 1 when p is not one (the fold: 2 (a + m/b) more), to first order (the model
 sums each message's own cost along the critical path; when p is q = 3, 5 or 7
 times a power of two, P = p / q and a group of q takes the fold's place: a +
-(q-1) m/b, for Rabenseifner a + (q-1) m/(P b)):
+(q-1) m/b, for Rabenseifner 2 (a + (q-1)/q m/(P b)), the group reduce-scattering
+its block and gathering it back):
 
     recursive doubling  log2(P) (a + m/b)                  + f 2 (a + m/b)
     Rabenseifner        2 log2(P) a + 2 (P-1)/P m/b        + f 2 (a + m/b)
@@ -293,11 +294,11 @@ def all_reduce_terms(algo, m, p, net):
     steps = big.bit_length() - 1
     if algo in ("recursive_doubling", "two_level"):  # one level: the same messages
         return add(fold, net.terms(m), steps)
-    if algo == "rabenseifner":  # a group sums a p-th, not the whole buffer
+    if algo == "rabenseifner":  # a group reduce-scatters a p-th, then gathers it back
         out = fold
         if q > 1:
-            ne, be, nr, br = net.terms(m / big)
-            out = (ne, (q - 1) * be, nr, (q - 1) * br)
+            ne, be, nr, br = net.terms(m / (big * q))
+            out = (2 * ne, 2 * (q - 1) * be, 2 * nr, 2 * (q - 1) * br)
         for k in range(1, steps + 1):  # halving, then doubling back
             out = add(out, net.terms(m / (1 << k)), 2)
         return out

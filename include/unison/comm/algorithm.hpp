@@ -38,7 +38,8 @@ enum class algorithm : unsigned char {
     two_level,
     /// recursive halving then doubling: 2 log2(n) a + 2 m b (n-1)/n; folds as
     /// recursive_doubling's, or the halving within each q-th and a group of q that
-    /// sums the block the q kept (a + (q - 1) (m/p) b, p = n / q)
+    /// reduce-scatters the block the q kept and gathers it back (2 (a + (q - 1)/q
+    /// (m/p) b), p = n / q)
     rabenseifner,
     ring,   ///< reduce-scatter and all-gather around a ring: 2 (n-1) (a + m b / n)
     native, ///< the underlying library's own call (MPI_Iallreduce), after the checks

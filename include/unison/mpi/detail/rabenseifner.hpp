@@ -114,7 +114,6 @@ public:
         }
         // A reduce_scatter's partial sums start as the whole input, in slot order.
         if (unit_ > 1 && p_ == 1) { // q ranks: the group alone, on whole buffers
-            incoming_elems_ = static_cast<std::size_t>(unit_ - 1) * total_;
             partial_elems_ = total_;
         } else if (rank < 2 * rem) { // folds in: the odd one reduces a whole buffer, the even none
             incoming_elems_ = rank % 2 == 1 ? total_ : 0;
@@ -126,9 +125,11 @@ public:
             partial_elems_ = scatter_ ? total_ : incoming_elems_;
             partial_base_ = scatter_ || lower ? 0 : mid;
         }
-        if (unit_ > 1) { // the group receives q - 1 of the halving's blocks
-            incoming_elems_ = std::max(incoming_elems_,
-                                       static_cast<std::size_t>(unit_ - 1) * (lo(1) - lo(0) + 1));
+        if (unit_ > 1) { // the group receives a share of its block from each of q - 1
+            const auto q = static_cast<std::size_t>(unit_);
+            const std::size_t block = lo(1) - lo(0); // the largest
+            const std::size_t share = scatter_ ? call_.count : (block + q - 1) / q;
+            incoming_elems_ = std::max(incoming_elems_, (q - 1) * share);
         }
     }
     mpi_rabenseifner(const mpi_rabenseifner&) = delete;
@@ -276,14 +277,13 @@ public:
         if (current_ >= steps_.size()) {
             return -1;
         }
-        const step& s = steps_[current_];
-        if (s.checked && s.count > 1 && !first_arrived_) { // the first peer not heard from
-            for (int k = 0; k < s.count && static_cast<std::size_t>(k) < recvs_.size(); ++k) {
-                if (recvs_[static_cast<std::size_t>(k)] != MPI_REQUEST_NULL) {
-                    return s.peer_at(k);
-                }
+        // The first peer (a group's, in its order) whose message has not all come.
+        for (std::size_t i = 0; i < recvs_.size(); ++i) {
+            if (recvs_[i] != MPI_REQUEST_NULL) {
+                return recv_peers_[i];
             }
         }
+        const step& s = steps_[current_];
         return s.recv_bytes != no_recv ? s.peer : -1;
     }
 
@@ -418,13 +418,11 @@ private:
         }
     }
 
-    /// The step of a group: the same `elems` from `from` to each other member of
-    /// participant `me`'s group (i + p t for every place t but its own, in order; `real`
-    /// maps participants to ranks), member k's (of place t) data into `recv(k, t)`,
-    /// `recv_bytes` from each.
-    template <class Real, class Recv>
-    step group_step(int me, Real real, const std::byte* from, std::size_t elems, Recv recv,
-                    std::size_t recv_bytes) const {
+    /// A step of participant `me`'s group: member k, of place t (i + p t for every
+    /// place t but its own, in order; `real` maps participants to ranks), is peer k,
+    /// and member(s, k, t) sets what goes to it and comes from it.
+    template <class Real, class Member>
+    step group_step(int me, Real real, Member member) const {
         const int place = me / p_, i = me % p_;
         step s;
         s.place = place;
@@ -433,14 +431,10 @@ private:
             if (t != place) {
                 const auto k = static_cast<std::size_t>(s.count++);
                 s.peers[k] = real(i + p_ * t);
-                s.send_data[k] = from;
-                s.send_counts[k] = elems;
-                s.recvs[k] = recv(static_cast<int>(k), t);
-                s.recv_sizes[k] = recv_bytes;
+                member(s, k, t);
             }
         }
         s.first_member();
-        s.checked = true;
         s.sends = true;
         return s;
     }
@@ -485,10 +479,14 @@ private:
             steps_.push_back(s);
         }
         if (unit_ > 1) { // each place's run to the group's other places
-            steps_.push_back(group_step(
-                me, real, scratch_partial(first(base)), first(base + p_) - first(base),
-                [&](int, int t) { return scratch_partial(first(p_ * t)); },
-                (first(p_) - first(0)) * es_));
+            step s = group_step(me, real, [&](step& g, std::size_t k, int t) {
+                g.send_data[k] = scratch_partial(first(base));
+                g.send_counts[k] = first(base + p_) - first(base);
+                g.recvs[k] = scratch_partial(first(p_ * t));
+                g.recv_sizes[k] = (first(p_ * t + p_) - first(p_ * t)) * es_;
+            });
+            s.checked = true;
+            steps_.push_back(s);
         }
         own_block_ = {partial_, out, total_ * es_};
         if (folds) {
@@ -581,26 +579,16 @@ private:
             const std::byte* sums =
                 source == in ? in + blo * es_ : scratch_partial(blo - partial_base);
             const std::byte* like = in + mine_lo * es_;
-            step s;
-            s.place = place;
-            s.count = 0;
-            for (int t = 0; t < unit_; ++t) {
-                if (t == place) {
-                    continue;
-                }
+            step s = group_step(me, real, [&](step& g, std::size_t k, int t) {
+                g.send_data[k] = sums + share(t) * es_;
+                g.send_counts[k] = share(t + 1) - share(t);
                 // Member k's share of this rank's at its own cache-line offset, a line
                 // past member k - 1's.
-                const auto k = static_cast<std::size_t>(s.count++);
-                s.peers[k] = real(i + p_ * t);
-                s.send_data[k] = sums + share(t) * es_;
-                s.send_counts[k] = share(t + 1) - share(t);
-                s.recvs[k] =
+                g.recvs[k] =
                     same_line_offset(incoming_ + k * (mine * es_ + cache_line_bytes), like);
-                s.recv_sizes[k] = mine * es_;
-            }
-            s.first_member();
+                g.recv_sizes[k] = mine * es_;
+            });
             s.checked = true;
-            s.sends = true;
             s.reduce_in = sums + share(place) * es_;
             s.reduce_out = scratch_partial(mine_lo - partial_base);
             s.reduce_elems = mine;
@@ -631,23 +619,14 @@ private:
                       (own_hi - own_lo) * es_};
         copy_at_end_ = halvings.empty() && unit_ == 1; // one rank: no all-gather to copy it
         if (unit_ > 1) {
-            step s;
-            s.place = place;
-            s.count = 0;
-            for (int t = 0; t < unit_; ++t) {
-                if (t != place) {
-                    const auto k = static_cast<std::size_t>(s.count++);
-                    s.peers[k] = real(i + p_ * t);
-                    s.send_data[k] = own_block_.from;
-                    s.send_counts[k] = mine;
-                    s.recvs[k] = out + (blo + share(t)) * es_;
-                    s.recv_sizes[k] = (share(t + 1) - share(t)) * es_;
-                }
-            }
-            s.first_member();
+            step s = group_step(me, real, [&](step& g, std::size_t k, int t) {
+                g.send_data[k] = own_block_.from;
+                g.send_counts[k] = mine;
+                g.recvs[k] = out + (blo + share(t)) * es_;
+                g.recv_sizes[k] = (share(t + 1) - share(t)) * es_;
+            });
             s.writes_output = true;
             s.copy_block = true;
-            s.sends = true;
             steps_.push_back(s);
         }
         for (std::size_t k = halvings.size(); k-- > 0;) {
@@ -703,6 +682,7 @@ private:
     }
     void irecv(std::byte* data, std::size_t bytes, int peer, int tag) {
         recvs_.push_back(MPI_REQUEST_NULL);
+        recv_peers_.push_back(peer);
         check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &recvs_.back()),
               "MPI_Irecv (rabenseifner)");
     }
@@ -711,6 +691,7 @@ private:
     void post() {
         const step& s = steps_[current_];
         recvs_.clear();
+        recv_peers_.clear();
         sends_.clear();
         first_arrived_ = false;
         if (!s.checked) { // all-gather: only when every call agreed (so never faulted here)
@@ -973,6 +954,7 @@ private:
     bool faulted_ = false;
     mpi_call_fault fault_;
     std::vector<MPI_Request> recvs_, sends_;
+    std::vector<int> recv_peers_; ///< whose message each of recvs_ receives
 };
 
 } // namespace unison::detail
