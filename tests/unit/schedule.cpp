@@ -274,7 +274,8 @@ TEST_CASE("schedules: 3, 5 or 7 times a power of two end in a group of that many
     CHECK(doubling_shape_of(5, 8).group == 5);
     CHECK(doubling_shape_of(56, 8).group == 7);
     CHECK(doubling_shape_of(7, 7).group == 7);
-    for (const auto& [n, per] : {std::pair{12, 8}, {12, 6}, {10, 8}, {20, 8}, {14, 8}, {14, 4}}) {
+    for (const auto& layout : {std::pair{12, 8}, {12, 6}, {10, 8}, {20, 8}, {14, 8}, {14, 4}}) {
+        const int n = layout.first, per = layout.second;
         CAPTURE(n);
         CAPTURE(per);
         CHECK(doubling_shape_of(n, per).group == 1);
