@@ -213,18 +213,21 @@ TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
     // recursive_doubling (the call check riding every message), the ring, two_level
     // (the node-aware one) and native (MPI's own) after the check, forced, and the
     // tuning's choice, on one node and with every 2 ranks taken as a node (where at
-    // 4 ranks the tuning runs recursive doubling up to 1000 doubles, the ring at
-    // 5000 and two_level at 70001); two_level also over nodes of 1 and 3 (at 4 ranks
-    // a node of 3 and one of 1, at 3 ranks one node).
+    // 4 ranks the tuning runs recursive doubling up to 1000 doubles, two_level at
+    // 2000, the ring at 5000 and two_level again at 9000, whose 72000-byte blocks
+    // would wait for a rendezvous in the ring, and at 70001) and every 3 (at 4 ranks
+    // a node of 3 and one of 1, where recursive doubling runs at 2000); two_level
+    // also over nodes of 1 and 3 (at 3 ranks one node).
     struct run {
         unison::algorithm a;
         int ranks_per_node;
     };
-    for (run r : {run{unison::algorithm::automatic, 0},
-                  run{unison::algorithm::recursive_doubling, 0}, run{unison::algorithm::ring, 0},
-                  run{unison::algorithm::native, 0}, run{unison::algorithm::two_level, 0},
-                  run{unison::algorithm::automatic, 2}, run{unison::algorithm::two_level, 1},
-                  run{unison::algorithm::two_level, 2}, run{unison::algorithm::two_level, 3}}) {
+    for (run r :
+         {run{unison::algorithm::automatic, 0}, run{unison::algorithm::recursive_doubling, 0},
+          run{unison::algorithm::ring, 0}, run{unison::algorithm::native, 0},
+          run{unison::algorithm::two_level, 0}, run{unison::algorithm::automatic, 2},
+          run{unison::algorithm::automatic, 3}, run{unison::algorithm::two_level, 1},
+          run{unison::algorithm::two_level, 2}, run{unison::algorithm::two_level, 3}}) {
         const unison::algorithm a = r.a;
         CAPTURE(unison::to_string(a));
         CAPTURE(r.ranks_per_node);
@@ -239,14 +242,23 @@ TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
                        : unison::mpi_tuning::all_gather(probe, n, comm.node_ranks())));
         }
         if (a == unison::algorithm::automatic && r.ranks_per_node == 2 && n == 4) {
+            CHECK(comm.all_gather_algorithm(2000 * ranks * sizeof(double)) ==
+                  unison::algorithm::two_level);
             CHECK(comm.all_gather_algorithm(5000 * ranks * sizeof(double)) ==
                   unison::algorithm::ring);
+            CHECK(comm.all_gather_algorithm(9000 * ranks * sizeof(double)) ==
+                  unison::algorithm::two_level);
             CHECK(comm.all_gather_algorithm(70001 * ranks * sizeof(double)) ==
                   unison::algorithm::two_level);
         }
+        if (a == unison::algorithm::automatic && r.ranks_per_node == 3 && n == 4) {
+            CHECK(comm.all_gather_algorithm(2000 * ranks * sizeof(double)) ==
+                  unison::algorithm::recursive_doubling);
+        }
         std::uint64_t seed = 700;
-        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000},
-                                  std::size_t{5000}, std::size_t{70001}}) {
+        for (std::size_t count :
+             {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000}, std::size_t{2000},
+              std::size_t{5000}, std::size_t{9000}, std::size_t{70001}}) {
             for (bool in_place : {false, true}) {
                 ++seed;
                 CAPTURE(count);

@@ -301,7 +301,7 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
     CHECK(tuned(tuning::all_gather_doubling_max_bytes - 1, 24, 1) == algorithm::recursive_doubling);
     CHECK(tuned(tuning::all_gather_doubling_max_bytes, 24, 1) == algorithm::native);
     // Over nodes of several ranks: recursive doubling, two_level, the ring, two_level.
-    for (int ranks : {4, 12, 16, 32, 64, 1024}) {
+    for (int ranks : {16, 24, 32, 64, 1024}) {
         for (int per : {2, 3, 8}) {
             if (per >= ranks) {
                 continue;
@@ -321,6 +321,39 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
                   algorithm::two_level);
             CHECK(tuned(std::size_t{1} << 34, ranks, per) == algorithm::two_level);
         }
+    }
+    // Below 16 ranks the ring ends once its blocks reach the eager limit's size.
+    const std::size_t ring_block = tuning::nodes_all_gather_ring_max_block_bytes;
+    CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes, 4, 2) == algorithm::ring);
+    CHECK(tuned(ring_block * 4 - 4, 4, 2) == algorithm::ring);
+    CHECK(tuned(ring_block * 4, 4, 2) == algorithm::two_level);
+    CHECK(tuned(ring_block * 11 - 11, 11, 8) == algorithm::ring);
+    CHECK(tuned(ring_block * 11, 11, 8) == algorithm::two_level);
+    CHECK(tuned(ring_block * 12, 12, 8) == algorithm::two_level);
+    CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes - 1, 12, 8) == algorithm::two_level);
+    CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes - 1, 16, 8) == algorithm::ring);
+    // Two nodes, the second holding fewer than half a node: recursive doubling up to
+    // the ring; a second node at least half full, or three nodes, two_level.
+    CHECK(tuning::small_second_node(9, 8));
+    CHECK(tuning::small_second_node(11, 8));
+    CHECK(tuning::small_second_node(4, 3));
+    CHECK_FALSE(tuning::small_second_node(12, 8));
+    CHECK_FALSE(tuning::small_second_node(16, 8));
+    CHECK_FALSE(tuning::small_second_node(17, 8));
+    CHECK_FALSE(tuning::small_second_node(8, 8));
+    CHECK_FALSE(tuning::small_second_node(9, 1));
+    for (int ranks : {9, 10, 11}) {
+        CAPTURE(ranks);
+        CHECK(tuned(tuning::nodes_all_gather_two_level_min_bytes, ranks, 8) ==
+              algorithm::recursive_doubling);
+        CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes - 1, ranks, 8) ==
+              algorithm::recursive_doubling);
+        CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes, ranks, 8) == algorithm::ring);
+    }
+    for (int ranks : {12, 17, 18, 25}) {
+        CAPTURE(ranks);
+        CHECK(tuned(tuning::nodes_all_gather_two_level_min_bytes, ranks, 8) ==
+              algorithm::two_level);
     }
     // With a rank per node, recursive doubling while the blocks are small, past the
     // whole buffer's bound at 32 ranks and more; never over nodes of several ranks

@@ -285,8 +285,26 @@ inline constexpr std::size_t all_gather_doubling_max_block_bytes = 2 * 1024;
 inline constexpr std::size_t nodes_all_gather_two_level_min_bytes = 32 * 1024;
 /// ... the ring from this many ...
 inline constexpr std::size_t nodes_all_gather_ring_min_bytes = 128 * 1024;
-/// ... and two_level again from this many.
+/// ... and two_level again from this many, or once the ring's blocks (the bytes
+/// over the ranks) are this large: each of its n - 1 steps then waits for a
+/// rendezvous (the eager limit simulate.sh gives SMPI, Open MPI's over TCP). At 9
+/// to 14 ranks on nodes of 8 (2026-12-06, 320 KiB to 1 MiB) the ring was
+/// 0.48-1.13x MPI's best with blocks under 64 KiB and 1.87-3.52x from 65 KiB,
+/// where two_level was 0.34-1.02x.
 inline constexpr std::size_t nodes_all_gather_ring_max_bytes = 1024 * 1024;
+inline constexpr std::size_t nodes_all_gather_ring_max_block_bytes = 64 * 1024;
+
+/// On two nodes whose second holds fewer than half a node (9 to 11 ranks on nodes
+/// of 8), recursive doubling runs up to the ring's sizes: two_level's check and its
+/// one leader gathering and handing out a whole node cost more than the fold. At
+/// 64 KiB (2026-12-06): two_level 1.44-1.80x MPI's best, recursive doubling
+/// 1.11-1.33x (MPI's own 1.23-1.40x). With three or more nodes and a small last
+/// one (17, 18, 25, 26, 33 ranks) both were within 1.02x at 64 KiB and two_level
+/// ahead at 128 KiB, so those keep the full nodes' rule.
+constexpr bool small_second_node(int ranks, int node_ranks) noexcept {
+    return node_ranks > 1 && ranks > node_ranks && ranks < 2 * node_ranks &&
+           2 * (ranks - node_ranks) < node_ranks;
+}
 
 /// The node-aware all_gather hands a node of at most this many ranks the result
 /// from its leader directly, a larger one down a binomial tree of its ranks. Over
@@ -305,6 +323,8 @@ static_assert(all_gather_doubling_max_block_bytes * 16 < all_gather_doubling_max
 static_assert(nodes_all_gather_two_level_min_bytes < nodes_all_gather_ring_min_bytes &&
                   nodes_all_gather_ring_min_bytes < nodes_all_gather_ring_max_bytes,
               "over nodes of several ranks each algorithm has a range of sizes");
+static_assert(nodes_all_gather_ring_max_bytes <= 16 * nodes_all_gather_ring_max_block_bytes,
+              "from 16 ranks on the whole buffer's bound ends the ring");
 
 /// The algorithm that carries an all_gather of `bytes` in all over `ranks` ranks;
 /// `node_ranks` is the most ranks one node holds (`ranks` when every rank shares
@@ -318,12 +338,16 @@ constexpr algorithm all_gather(std::size_t bytes, int ranks, int node_ranks) noe
                                                           : algorithm::native;
     }
     if (node_ranks > 1) {
-        if (bytes < nodes_all_gather_two_level_min_bytes) {
+        const std::size_t doubling_below = small_second_node(ranks, node_ranks)
+                                               ? nodes_all_gather_ring_min_bytes
+                                               : nodes_all_gather_two_level_min_bytes;
+        if (bytes < doubling_below) {
             return algorithm::recursive_doubling;
         }
-        return bytes >= nodes_all_gather_ring_min_bytes && bytes < nodes_all_gather_ring_max_bytes
-                   ? algorithm::ring
-                   : algorithm::two_level;
+        const bool ring =
+            bytes >= nodes_all_gather_ring_min_bytes && bytes < nodes_all_gather_ring_max_bytes &&
+            bytes / static_cast<std::size_t>(ranks) < nodes_all_gather_ring_max_block_bytes;
+        return ring ? algorithm::ring : algorithm::two_level;
     }
     return bytes < all_gather_doubling_max_bytes ||
                    bytes / static_cast<std::size_t>(ranks) <= all_gather_doubling_max_block_bytes
