@@ -130,10 +130,10 @@ void convert_scale_typed(D* dst, const S* src, std::size_t n, double scale, bool
                 narrow_block(to, dst + base, len);
             }
         }
-        return;
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-        scale_cast_element<D, S, A>(dst[i], src[i], s, accumulate);
+    } else { // else, not a return: nvcc warns of the loop after it as unreachable
+        for (std::size_t i = 0; i < n; ++i) {
+            scale_cast_element<D, S, A>(dst[i], src[i], s, accumulate);
+        }
     }
 }
 
