@@ -902,7 +902,12 @@ private:
         put("[");
         bool first = true;
         for (double v : values) {
-            put((first ? "" : ",") + number(v));
+            // Two puts, not `(first ? "" : ",") + number(v)`: GCC 12 warns of an
+            // overlapping memcpy in that string's insert (-Wrestrict, a false alarm).
+            if (!first) {
+                put(",");
+            }
+            put(number(v));
             first = false;
         }
         put("]");
