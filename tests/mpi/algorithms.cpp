@@ -617,7 +617,8 @@ TEST_CASE("mpi all-reduce: ranks forcing different algorithms are refused before
         {algorithm::two_level, algorithm::recursive_doubling},
         {algorithm::recursive_doubling, algorithm::two_level},
         {algorithm::automatic, algorithm::ring}};
-    for (const auto& [first, others] : pairs) {
+    for (const auto& pair : pairs) { // not a structured binding: Clang 14's CAPTURE cannot take one
+        const algorithm first = pair.first, others = pair.second;
         CAPTURE(unison::to_string(first));
         CAPTURE(unison::to_string(others));
         std::string message;

@@ -56,7 +56,8 @@ template <class T>
 struct format;
 template <>
 struct format<double> {
-    static constexpr int digits = 53, min_exp = -1022, max_exp = 1023;
+    static constexpr int digits = 53, min_exp = -1022;
+    [[maybe_unused]] static constexpr int max_exp = 1023; // read only for narrower types
     static constexpr dtype type = dtype::f64;
     static constexpr const char* name = "f64";
 };
