@@ -332,6 +332,18 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
     CHECK(tuned(ring_block * 12, 12, 8) == algorithm::two_level);
     CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes - 1, 12, 8) == algorithm::two_level);
     CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes - 1, 16, 8) == algorithm::ring);
+    // Below twice a node's ranks the ring comes sooner: once a node's blocks, which
+    // two_level's leaders send in one message, reach the eager limit's size.
+    const std::size_t leader_block = tuning::nodes_all_gather_leader_max_bytes / 8;
+    for (int ranks : {12, 13, 14, 15}) {
+        CAPTURE(ranks);
+        const auto n = static_cast<std::size_t>(ranks);
+        CHECK(leader_block * n < tuning::nodes_all_gather_ring_min_bytes);
+        CHECK(tuned(leader_block * n - 1, ranks, 8) == algorithm::two_level);
+        CHECK(tuned(leader_block * n, ranks, 8) == algorithm::ring);
+    }
+    CHECK(tuned(leader_block * 16, 16, 8) == algorithm::ring);
+    CHECK(leader_block * 16 == tuning::nodes_all_gather_ring_min_bytes);
     // Two nodes, the second holding fewer than half a node: recursive doubling up to
     // the ring; a second node at least half full, or three nodes, two_level.
     CHECK(tuning::small_second_node(9, 8));
@@ -346,9 +358,10 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
         CAPTURE(ranks);
         CHECK(tuned(tuning::nodes_all_gather_two_level_min_bytes, ranks, 8) ==
               algorithm::recursive_doubling);
-        CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes - 1, ranks, 8) ==
+        CHECK(tuned(tuning::small_second_node_ring_min_bytes - 1, ranks, 8) ==
               algorithm::recursive_doubling);
-        CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes, ranks, 8) == algorithm::ring);
+        CHECK(tuned(tuning::small_second_node_ring_min_bytes, ranks, 8) == algorithm::ring);
+        CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes - 1, ranks, 8) == algorithm::two_level);
     }
     for (int ranks : {12, 17, 18, 25}) {
         CAPTURE(ranks);

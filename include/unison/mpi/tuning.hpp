@@ -285,6 +285,16 @@ inline constexpr std::size_t all_gather_doubling_max_block_bytes = 2 * 1024;
 inline constexpr std::size_t nodes_all_gather_two_level_min_bytes = 32 * 1024;
 /// ... the ring from this many ...
 inline constexpr std::size_t nodes_all_gather_ring_min_bytes = 128 * 1024;
+/// ... or sooner, once a node's blocks (the bytes over the ranks, times the ranks
+/// of a full node) reach this many bytes: two_level's leaders exchange them in one
+/// message, which from here waits for a rendezvous (the eager limit, as below),
+/// while the ring's blocks stay small. Only below twice a node's ranks does this
+/// come before nodes_all_gather_ring_min_bytes. On nodes of 8 (2026-12-06, 64 to
+/// 128 KiB by factors of 1.1), over MPI's best: at 12 ranks and 103 KiB (69 KiB of
+/// a node's blocks) the ring 0.50x, two_level 0.93x; at 14 ranks and 113 KiB (65
+/// KiB) 0.47x against 0.83x; just below (12 ranks and 94 KiB, 14 ranks and 103
+/// KiB: 62 and 59 KiB) the two within 0.02x of each other (0.69-0.93x).
+inline constexpr std::size_t nodes_all_gather_leader_max_bytes = 64 * 1024;
 /// ... and two_level again from this many, or once the ring's blocks (the bytes
 /// over the ranks) are this large: each of its n - 1 steps then waits for a
 /// rendezvous (the eager limit simulate.sh gives SMPI, Open MPI's over TCP). At 9
@@ -293,11 +303,14 @@ inline constexpr std::size_t nodes_all_gather_ring_min_bytes = 128 * 1024;
 /// where two_level was 0.34-1.02x.
 inline constexpr std::size_t nodes_all_gather_ring_max_bytes = 1024 * 1024;
 inline constexpr std::size_t nodes_all_gather_ring_max_block_bytes = 64 * 1024;
+static_assert(nodes_all_gather_leader_max_bytes == nodes_all_gather_ring_max_block_bytes,
+              "both bounds are the eager limit: two_level's leaders' messages and the "
+              "ring's each wait for a rendezvous from there");
 
 /// On two nodes whose second holds fewer than half a node (9 to 11 ranks on nodes
-/// of 8), recursive doubling runs up to the ring's sizes: two_level's check and its
-/// one leader gathering and handing out a whole node cost more than the fold. At
-/// 64 KiB (2026-12-06): two_level 1.44-1.80x MPI's best, recursive doubling
+/// of 8), recursive doubling runs up to the ring: two_level's check and its one
+/// leader gathering and handing out a whole node cost more than the fold. At 64
+/// KiB (2026-12-06): two_level 1.44-1.80x MPI's best, recursive doubling
 /// 1.11-1.33x (MPI's own 1.23-1.40x). With three or more nodes and a small last
 /// one (17, 18, 25, 26, 33 ranks) both were within 1.02x at 64 KiB and two_level
 /// ahead at 128 KiB, so those keep the full nodes' rule.
@@ -305,6 +318,14 @@ constexpr bool small_second_node(int ranks, int node_ranks) noexcept {
     return node_ranks > 1 && ranks > node_ranks && ranks < 2 * node_ranks &&
            2 * (ranks - node_ranks) < node_ranks;
 }
+/// There the ring takes over from recursive doubling at this many bytes: at 10
+/// and 11 ranks recursive doubling went from 0.47 / 0.72x MPI's best at 103 KiB to
+/// 0.97 / 1.11x at 113 KiB, where the ring was 0.71 / 0.78x (at 9 ranks it held
+/// 0.43x to 113 KiB and was 0.97x at 125 KiB, the ring 0.78-0.79x).
+inline constexpr std::size_t small_second_node_ring_min_bytes = 112 * 1024;
+static_assert(nodes_all_gather_two_level_min_bytes < small_second_node_ring_min_bytes &&
+                  small_second_node_ring_min_bytes <= nodes_all_gather_ring_min_bytes,
+              "the ring comes no later on a small second node than on full ones");
 
 /// The node-aware all_gather hands a node of at most this many ranks the result
 /// from its leader directly, a larger one down a binomial tree of its ranks. Over
@@ -338,15 +359,17 @@ constexpr algorithm all_gather(std::size_t bytes, int ranks, int node_ranks) noe
                                                           : algorithm::native;
     }
     if (node_ranks > 1) {
-        const std::size_t doubling_below = small_second_node(ranks, node_ranks)
-                                               ? nodes_all_gather_ring_min_bytes
-                                               : nodes_all_gather_two_level_min_bytes;
-        if (bytes < doubling_below) {
+        const std::size_t block = bytes / static_cast<std::size_t>(ranks);
+        const bool small_second = small_second_node(ranks, node_ranks);
+        if (bytes < (small_second ? small_second_node_ring_min_bytes
+                                  : nodes_all_gather_two_level_min_bytes)) {
             return algorithm::recursive_doubling;
         }
-        const bool ring =
-            bytes >= nodes_all_gather_ring_min_bytes && bytes < nodes_all_gather_ring_max_bytes &&
-            bytes / static_cast<std::size_t>(ranks) < nodes_all_gather_ring_max_block_bytes;
+        const bool ring_yet =
+            small_second || bytes >= nodes_all_gather_ring_min_bytes ||
+            block * static_cast<std::size_t>(node_ranks) >= nodes_all_gather_leader_max_bytes;
+        const bool ring = ring_yet && bytes < nodes_all_gather_ring_max_bytes &&
+                          block < nodes_all_gather_ring_max_block_bytes;
         return ring ? algorithm::ring : algorithm::two_level;
     }
     return bytes < all_gather_doubling_max_bytes ||
