@@ -51,6 +51,16 @@
 
 namespace unison::mpi_tuning {
 
+/// The nodes that `ranks` ranks fill when launchers place them node by node, at
+/// most `node_ranks` to a node ...
+constexpr int nodes_of(int ranks, int node_ranks) noexcept {
+    return (ranks + node_ranks - 1) / node_ranks;
+}
+/// ... and the ranks on the last of those nodes when it is not full (0 when it is).
+constexpr int last_node_ranks(int ranks, int node_ranks) noexcept {
+    return ranks % node_ranks;
+}
+
 // Recursive doubling moves the whole buffer log2(n) times in log2(n) messages (three
 // times a power of two ranks: log2(n / 3) steps, then one of three);
 // Rabenseifner twice in 2 log2(n) messages; the ring twice in 2 (n - 1) messages.
@@ -315,8 +325,8 @@ static_assert(nodes_all_gather_leader_max_bytes == nodes_all_gather_ring_max_blo
 /// one (17, 18, 25, 26, 33 ranks) both were within 1.02x at 64 KiB and two_level
 /// ahead at 128 KiB, so those keep the full nodes' rule.
 constexpr bool small_second_node(int ranks, int node_ranks) noexcept {
-    return node_ranks > 1 && ranks > node_ranks && ranks < 2 * node_ranks &&
-           2 * (ranks - node_ranks) < node_ranks;
+    const int last = node_ranks > 1 ? last_node_ranks(ranks, node_ranks) : 0;
+    return last != 0 && nodes_of(ranks, node_ranks) == 2 && 2 * last < node_ranks;
 }
 /// There the ring takes over from recursive doubling at this many bytes: at 10
 /// and 11 ranks recursive doubling went from 0.47 / 0.72x MPI's best at 103 KiB to
@@ -485,9 +495,8 @@ constexpr bool uneven_two_level(int ranks, int node_ranks) noexcept {
     if (node_ranks <= 1 || ranks <= node_ranks) {
         return false;
     }
-    const int last = ranks % node_ranks; // the last node's ranks, 0 when full
-    const int nodes = (ranks + node_ranks - 1) / node_ranks;
-    return last != 0 && (2 * last < node_ranks || nodes == 3);
+    const int last = last_node_ranks(ranks, node_ranks);
+    return last != 0 && (2 * last < node_ranks || nodes_of(ranks, node_ranks) == 3);
 }
 
 /// The smallest all-reduce, in bytes, that two_level carries over `nodes` nodes.
@@ -551,8 +560,7 @@ constexpr algorithm all_reduce(std::size_t bytes, int ranks, int node_ranks) noe
     }
     const bool one_node = node_ranks >= ranks;
     const algorithm flat = all_reduce_by_size(bytes, ranks, one_node);
-    if (one_node || node_ranks <= 1 ||
-        bytes < two_level_min_bytes((ranks + node_ranks - 1) / node_ranks)) {
+    if (one_node || node_ranks <= 1 || bytes < two_level_min_bytes(nodes_of(ranks, node_ranks))) {
         return flat;
     }
     if (bytes < two_level_max_bytes) {
