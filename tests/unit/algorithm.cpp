@@ -300,20 +300,29 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
           algorithm::recursive_doubling);
     CHECK(tuned(tuning::all_gather_doubling_max_bytes - 1, 24, 1) == algorithm::recursive_doubling);
     CHECK(tuned(tuning::all_gather_doubling_max_bytes, 24, 1) == algorithm::native);
-    // Over nodes of several ranks: recursive doubling, two_level, the ring, two_level.
+    // Over nodes of several ranks: recursive doubling, two_level (from a bound that
+    // falls as nodes grow, up to 8 ranks; on nodes of 2 the ring comes first), the
+    // ring, two_level.
+    CHECK(tuning::nodes_all_gather_two_level_from(16) ==
+          tuning::nodes_all_gather_two_level_min_bytes);
+    CHECK(tuning::nodes_all_gather_two_level_from(8) ==
+          tuning::nodes_all_gather_two_level_min_bytes);
+    CHECK(tuning::nodes_all_gather_two_level_from(4) == 64 * 1024);
+    CHECK(tuning::nodes_all_gather_two_level_from(3) > 64 * 1024);
+    CHECK(tuning::nodes_all_gather_two_level_from(2) == tuning::nodes_all_gather_ring_min_bytes);
     for (int ranks : {16, 24, 32, 64, 1024}) {
-        for (int per : {2, 3, 8}) {
-            if (per >= ranks) {
+        for (int per : {2, 3, 4, 8, 16}) {
+            if (2 * per > ranks) { // full nodes only: fewer ranks, the ring sooner (below)
                 continue;
             }
             CAPTURE(ranks);
             CAPTURE(per);
-            CHECK(tuned(tuning::nodes_all_gather_two_level_min_bytes - 1, ranks, per) ==
-                  algorithm::recursive_doubling);
-            CHECK(tuned(tuning::nodes_all_gather_two_level_min_bytes, ranks, per) ==
-                  algorithm::two_level);
+            const std::size_t two_level_from = tuning::nodes_all_gather_two_level_from(per);
+            CHECK(tuned(two_level_from - 1, ranks, per) == algorithm::recursive_doubling);
+            CHECK(tuned(two_level_from, ranks, per) ==
+                  (per == 2 ? algorithm::ring : algorithm::two_level));
             CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes - 1, ranks, per) ==
-                  algorithm::two_level);
+                  (per == 2 ? algorithm::recursive_doubling : algorithm::two_level));
             CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes, ranks, per) == algorithm::ring);
             CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes - 1, ranks, per) ==
                   algorithm::ring);

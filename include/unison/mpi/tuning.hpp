@@ -45,6 +45,7 @@
 #include "unison/comm/options.hpp"
 #include "unison/core/error.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <string>
@@ -291,8 +292,18 @@ inline constexpr std::size_t node_all_gather_doubling_max_bytes = 16 * 1024;
 /// own led on the fat tree (0.87 against 1.08x), so the bound is 2 KiB.
 inline constexpr std::size_t all_gather_doubling_max_block_bytes = 2 * 1024;
 /// Over nodes of several ranks: recursive doubling below this many bytes, then
-/// two_level ...
+/// two_level (nodes of 8 ranks and more; see nodes_all_gather_two_level_from) ...
 inline constexpr std::size_t nodes_all_gather_two_level_min_bytes = 32 * 1024;
+/// ... and on smaller nodes from this many bytes over a node's ranks. Recursive
+/// doubling's steps between nodes send every rank's message through the node's
+/// link at once; the fewer ranks share it, the longer recursive doubling leads.
+/// Over MPI's best (2026-12-06, the two-level platform with 2, 4 or 16 ranks
+/// placed on each host; docs/measurements.md): on nodes of 2 at 8 and 16 ranks,
+/// 32-64 KiB, recursive doubling 0.89-1.21x, two_level 1.37-1.62x; on nodes of 4
+/// at 32 KiB, 8 to 32 ranks, recursive doubling 0.84-1.04x, two_level 1.19-1.35x,
+/// and at 64 KiB two_level 0.96-1.07x, recursive doubling 0.95-1.45x; on nodes of
+/// 16 at 32 ranks two_level 0.72x at 32 KiB, recursive doubling 0.96x.
+inline constexpr std::size_t small_nodes_all_gather_two_level_bytes = 256 * 1024;
 /// ... the ring from this many ...
 inline constexpr std::size_t nodes_all_gather_ring_min_bytes = 128 * 1024;
 /// ... or sooner, once a node's blocks (the bytes over the ranks, times the ranks
@@ -313,6 +324,18 @@ inline constexpr std::size_t nodes_all_gather_leader_max_bytes = 64 * 1024;
 /// where two_level was 0.34-1.02x.
 inline constexpr std::size_t nodes_all_gather_ring_max_bytes = 1024 * 1024;
 inline constexpr std::size_t nodes_all_gather_ring_max_block_bytes = 64 * 1024;
+/// The smallest all_gather that two_level carries over nodes of `node_ranks` ranks
+/// (the ring may take it first: on nodes of 2 it always does).
+constexpr std::size_t nodes_all_gather_two_level_from(int node_ranks) noexcept {
+    return std::max(nodes_all_gather_two_level_min_bytes,
+                    small_nodes_all_gather_two_level_bytes /
+                        static_cast<std::size_t>(std::max(node_ranks, 1)));
+}
+static_assert(nodes_all_gather_two_level_from(8) == nodes_all_gather_two_level_min_bytes &&
+                  nodes_all_gather_two_level_from(4) == 2 * nodes_all_gather_two_level_min_bytes,
+              "from nodes of 8 the fixed bound; on nodes of 4 twice it");
+static_assert(nodes_all_gather_two_level_from(2) == nodes_all_gather_ring_min_bytes,
+              "on nodes of 2 recursive doubling runs up to the ring");
 static_assert(nodes_all_gather_leader_max_bytes == nodes_all_gather_ring_max_block_bytes,
               "both bounds are the eager limit: two_level's leaders' messages and the "
               "ring's each wait for a rendezvous from there");
@@ -372,7 +395,7 @@ constexpr algorithm all_gather(std::size_t bytes, int ranks, int node_ranks) noe
         const std::size_t block = bytes / static_cast<std::size_t>(ranks);
         const bool small_second = small_second_node(ranks, node_ranks);
         if (bytes < (small_second ? small_second_node_ring_min_bytes
-                                  : nodes_all_gather_two_level_min_bytes)) {
+                                  : nodes_all_gather_two_level_from(node_ranks))) {
             return algorithm::recursive_doubling;
         }
         const bool ring_yet =
