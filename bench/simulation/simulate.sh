@@ -9,7 +9,11 @@
 #
 #   bench/simulation/simulate.sh [-p "flat two_level fat_tree"] [-n "2 4 8"]
 #       [-s "ompi mpich"] [-o out.csv] [-t seconds] [--shared-from N]
-#       [-d allreduce_sim|engine_sim] [-- driver options]
+#       [--node-ranks N] [-d allreduce_sim|engine_sim] [-- driver options]
+#
+# --node-ranks places N ranks on each host of the two_level platform (default 8,
+# its hosts' cores): nodes of 2, 4 or 16 ranks sharing the same links, to see a
+# tuning bound on another node size (the other platforms keep a rank per host).
 #
 # -d engine_sim runs the other driver, engine_sim.cpp: the engines' start() and
 # the fixed cost of a step of a tiny model (ddp and fsdp), under the first
@@ -42,6 +46,7 @@ selectors="ompi mpich"
 out=/dev/stdout
 limit=600
 shared_from=256
+node_ranks=8
 driver_name=allreduce_sim
 driver_args=()
 while [ $# -gt 0 ]; do
@@ -52,12 +57,16 @@ while [ $# -gt 0 ]; do
     -o) out=$2; shift 2 ;;
     -t) limit=$2; shift 2 ;;
     --shared-from) shared_from=$2; shift 2 ;;
+    --node-ranks) node_ranks=$2; shift 2 ;;
     -d) driver_name=$2; shift 2 ;;
     --) shift; driver_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "simulate.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
+case "$node_ranks" in
+'' | *[!0-9]* | 0) echo "simulate.sh: --node-ranks takes a positive whole number, not '$node_ranks'" >&2; exit 2 ;;
+esac
 for tool in smpicxx smpirun; do
     command -v "$tool" >/dev/null || {
         echo "simulate.sh: $tool not found: install SimGrid (apt-get install libsimgrid-dev)" >&2
@@ -87,11 +96,11 @@ fi
 work=$(mktemp -d "$build/run.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-# A hostfile of n ranks for platform $1: one rank per host, or 8 per host on
-# two_level (whose hosts have 8 cores).
+# A hostfile of n ranks for platform $1: one rank per host, or --node-ranks (8)
+# per host on two_level (whose hosts have 8 cores).
 hostfile() {
     local per=1
-    [ "$1" = two_level ] && per=8
+    [ "$1" = two_level ] && per=$node_ranks
     awk -v n="$2" -v per="$per" 'BEGIN { for (r = 0; r < n; r++) print "node-" int(r / per) }' \
         >"$work/hosts"
     echo "$work/hosts"
