@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
@@ -252,6 +253,26 @@ TEST_CASE("mpi tuning: the reduce_scatter halves small buffers on one node and m
     CHECK(tuned(tuning::node_halving_max_bytes - 1, 3, 3) == algorithm::rabenseifner);
     CHECK(tuned(tuning::node_halving_max_bytes, 8, 8) == algorithm::rank_ordered);
     CHECK(tuned(tuning::node_halving_max_bytes, 5, 8) == algorithm::rank_ordered);
+    // 3 to 8 ranks, a rank per node: the direct exchange from its bound, whatever
+    // the count; below it a power of two halves and other counts take MPI's own from
+    // odd_halving_max_bytes. Two ranks, more than 8, and nodes of several halve.
+    const std::size_t direct_from = tuning::few_nodes_scatter_direct_min_bytes;
+    for (int ranks = 2; ranks <= 17; ++ranks) {
+        const bool pow2 = std::has_single_bit(static_cast<unsigned>(ranks));
+        const bool few = ranks >= 3 && ranks <= tuning::few_nodes_scatter_direct_max_ranks;
+        CAPTURE(ranks);
+        CHECK(tuned(direct_from, ranks, 1) == (few    ? algorithm::rank_ordered
+                                               : pow2 ? algorithm::rabenseifner
+                                                      : algorithm::native));
+        CHECK(tuned(direct_from - 1, ranks, 1) ==
+              (pow2 ? algorithm::rabenseifner : algorithm::native));
+        CHECK(tuned(tuning::odd_halving_max_bytes - 1, ranks, 1) == algorithm::rabenseifner);
+        if (ranks > 2) { // nodes of 2 (two ranks would share one)
+            CHECK(tuned(direct_from, ranks, 2) == algorithm::rabenseifner);
+        }
+    }
+    CHECK(tuned(std::size_t{1} << 30, 8, 1) == algorithm::rank_ordered);
+    CHECK(tuned(std::size_t{1} << 30, 16, 1) == algorithm::rabenseifner);
     // Several nodes: a power of two halves at every size; other counts leave large
     // buffers to MPI's own with a rank per node, and halve over nodes of several.
     for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20, std::size_t{1} << 30}) {

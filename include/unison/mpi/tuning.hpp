@@ -37,7 +37,7 @@
 ///   every rank: two exchanges of n - 1 messages posted at once. What
 ///   comm_options::deterministic runs (and its reduce and reduce_scatter too); the
 ///   all-reduce for larger buffers on 3 to 8 ranks of a node each, and the
-///   reduce_scatter for larger buffers on one node
+///   reduce_scatter for larger buffers on one node and on 3 to 8 ranks of a node each
 ///   (mpi_tuning::reduce_scatter, which runs the first half of Rabenseifner's,
 ///   recursive halving, for the rest).
 
@@ -206,6 +206,19 @@ constexpr bool rank_ordered_direct(std::size_t bytes, int ranks) noexcept {
 // drops below its 128 KiB one), MPI's own 0.65-3.54x (1.38-3.54x at 512 KiB;
 // the direct exchange no better, 0.61-3.49x), so there the halving takes every
 // size whatever the count.
+//
+// With a rank per node, 3 to 8 ranks (flat cluster and fat tree, 2026-12-06, 128
+// KiB to 4 MiB by factors of 2, every result checked): the direct exchange after
+// the check beat the halving from 256 KiB in every cell, 0.37-0.95x MPI's best
+// against 0.60-0.98x at 4 and 8 ranks (flat, 8 ranks, 1 MiB: 0.46 against 0.72),
+// and still did with 0.5 us charged for posting each message, which the simulation
+// leaves free (0.47-0.95x against 0.63-0.99x). At 128 KiB it led only with posting
+// free (0.60-0.80x against 0.60-1.41x; with the charge 0.65-0.98x against
+// 0.60-0.85x), and at 16 and 32 ranks from 256 KiB likewise (0.28-0.59x against
+// 0.40-1.18x free, 0.53-0.98x against 0.44-0.90x charged). At 3, 5, 6 and 7 ranks
+// it was within 0.02 of MPI's own after the check, which ran there before
+// (0.24-0.94x). Its many-to-one traffic is what bounds it to 8 ranks, as the
+// all-reduce's direct exchange (direct_max_ranks).
 
 /// One node: recursive halving below this many bytes (the input), over 2 ranks ...
 inline constexpr std::size_t pair_halving_max_bytes = 16 * 1024;
@@ -216,6 +229,13 @@ inline constexpr std::size_t node_halving_max_bytes = 64 * 1024;
 /// the halving at every size.)
 inline constexpr std::size_t odd_halving_max_bytes = 64 * 1024;
 
+/// A rank per node, 3 to this many ranks: the direct exchange from ...
+inline constexpr int few_nodes_scatter_direct_max_ranks = 8;
+/// ... this many bytes (the input) on.
+inline constexpr std::size_t few_nodes_scatter_direct_min_bytes = 256 * 1024;
+
+static_assert(odd_halving_max_bytes <= few_nodes_scatter_direct_min_bytes,
+              "a rank count that is not a power of two leaves the halving first");
 static_assert(pair_halving_max_bytes <= node_halving_max_bytes,
               "two ranks gain least from halving (one exchange, as the direct exchange "
               "after its check), so they leave it first");
@@ -232,6 +252,10 @@ constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, int node_ranks)
         const std::size_t halving_below =
             ranks == 2 ? pair_halving_max_bytes : node_halving_max_bytes;
         return bytes < halving_below ? algorithm::rabenseifner : algorithm::rank_ordered;
+    }
+    if (node_ranks <= 1 && ranks >= 3 && ranks <= few_nodes_scatter_direct_max_ranks &&
+        bytes >= few_nodes_scatter_direct_min_bytes) {
+        return algorithm::rank_ordered;
     }
     if (node_ranks <= 1 && !std::has_single_bit(static_cast<unsigned>(ranks)) &&
         bytes >= odd_halving_max_bytes) {
@@ -564,6 +588,8 @@ constexpr std::size_t two_level_min_bytes(int nodes) noexcept {
 inline constexpr int direct_max_ranks = 8;
 /// ... from this many bytes, the direct exchange.
 inline constexpr std::size_t direct_min_bytes = 32 * 1024;
+static_assert(direct_max_ranks == few_nodes_scatter_direct_max_ranks,
+              "the reduce_scatter's direct exchange stops where the all-reduce's does");
 
 /// Whether an all-reduce of `bytes` over `ranks` ranks, at most `node_ranks` of
 /// them on one node, takes the direct exchange.
