@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 TEST_CASE("algorithm names round-trip and unknown names are refused") {
@@ -369,7 +370,8 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
         CAPTURE(ranks);
         const auto n = static_cast<std::size_t>(ranks);
         CHECK(leader_block * n < tuning::nodes_all_gather_ring_min_bytes);
-        CHECK(tuned(leader_block * n - 1, ranks, 8) == algorithm::two_level);
+        CHECK(tuned(leader_block * n - 1, ranks, 8) ==
+              (ranks == 12 ? algorithm::recursive_doubling : algorithm::two_level));
         CHECK(tuned(leader_block * n, ranks, 8) == algorithm::ring);
     }
     CHECK(tuned(leader_block * 16, 16, 8) == algorithm::ring);
@@ -393,10 +395,35 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
         CHECK(tuned(tuning::small_second_node_ring_min_bytes, ranks, 8) == algorithm::ring);
         CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes - 1, ranks, 8) == algorithm::two_level);
     }
-    for (int ranks : {12, 17, 18, 25}) {
+    for (int ranks : {13, 17, 18, 25}) {
         CAPTURE(ranks);
         CHECK(tuned(tuning::nodes_all_gather_two_level_min_bytes, ranks, 8) ==
               algorithm::two_level);
+    }
+    // Two nodes, the second holding half a node: recursive doubling until the ring
+    // starts (a node's blocks at the leaders' bound), then as over full nodes.
+    CHECK(tuning::half_second_node(12, 8));
+    CHECK(tuning::half_second_node(6, 4));
+    CHECK(tuning::half_second_node(3, 2));
+    CHECK_FALSE(tuning::half_second_node(11, 8));
+    CHECK_FALSE(tuning::half_second_node(13, 8));
+    CHECK_FALSE(tuning::half_second_node(20, 8)); // three nodes
+    CHECK_FALSE(tuning::half_second_node(16, 8));
+    CHECK_FALSE(tuning::half_second_node(2, 1));
+    CHECK_FALSE(tuning::half_second_node(24, 16)); // a half node of 8 gains from its leader
+    CHECK(tuned(tuning::nodes_all_gather_two_level_from(16), 24, 16) == algorithm::two_level);
+    for (const std::pair<int, int>& layout : {std::pair{12, 8}, std::pair{6, 4}}) {
+        const int ranks = layout.first, per = layout.second;
+        CAPTURE(ranks);
+        CAPTURE(per);
+        const auto n = static_cast<std::size_t>(ranks);
+        const std::size_t ring_from =
+            tuning::nodes_all_gather_leader_max_bytes / static_cast<std::size_t>(per) * n;
+        CHECK(tuned(tuning::nodes_all_gather_two_level_from(per), ranks, per) ==
+              algorithm::recursive_doubling);
+        CHECK(tuned(ring_from - 1, ranks, per) == algorithm::recursive_doubling);
+        CHECK(tuned(ring_from, ranks, per) == algorithm::ring);
+        CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes, ranks, per) == algorithm::two_level);
     }
     // With a rank per node, recursive doubling while the blocks are small, past the
     // whole buffer's bound at 32 ranks and more; never over nodes of several ranks

@@ -375,6 +375,20 @@ constexpr bool small_second_node(int ranks, int node_ranks) noexcept {
     const int last = node_ranks > 1 ? last_node_ranks(ranks, node_ranks) : 0;
     return last != 0 && nodes_of(ranks, node_ranks) == 2 && 2 * last < node_ranks;
 }
+/// On two nodes of at most this many ranks whose second holds half a node (12
+/// ranks on nodes of 8, 6 on nodes of 4), recursive doubling runs until the ring
+/// starts (once a node's blocks reach nodes_all_gather_leader_max_bytes, 96 KiB at
+/// both) instead of two_level from nodes_all_gather_two_level_from: from 32 to 94
+/// KiB by factors of 1.1 (2026-12-06) two_level was 0.95-1.27x MPI's best at 12
+/// ranks and 1.27-1.34x at 6 from 64 KiB, recursive doubling 0.91-1.04x and
+/// 1.04-1.07x. On nodes of 16 (24 ranks) two_level led from 36 KiB (0.75-0.94x,
+/// recursive doubling 0.92-1.13x): a half node of 8 gains from its leader.
+inline constexpr int half_second_node_max_ranks = 8;
+constexpr bool half_second_node(int ranks, int node_ranks) noexcept {
+    const int last = node_ranks > 1 ? last_node_ranks(ranks, node_ranks) : 0;
+    return last != 0 && node_ranks <= half_second_node_max_ranks &&
+           nodes_of(ranks, node_ranks) == 2 && 2 * last == node_ranks;
+}
 /// There the ring takes over from recursive doubling at this many bytes: at 10
 /// and 11 ranks recursive doubling went from 0.47 / 0.72x MPI's best at 103 KiB to
 /// 0.97 / 1.11x at 113 KiB, where the ring was 0.71 / 0.78x (at 9 ranks it held
@@ -425,6 +439,9 @@ constexpr algorithm all_gather(std::size_t bytes, int ranks, int node_ranks) noe
         const bool ring_yet =
             small_second || bytes >= nodes_all_gather_ring_min_bytes ||
             block * static_cast<std::size_t>(node_ranks) >= nodes_all_gather_leader_max_bytes;
+        if (!ring_yet && half_second_node(ranks, node_ranks)) {
+            return algorithm::recursive_doubling;
+        }
         const bool ring = ring_yet && bytes < nodes_all_gather_ring_max_bytes &&
                           block < nodes_all_gather_ring_max_block_bytes;
         return ring ? algorithm::ring : algorithm::two_level;
