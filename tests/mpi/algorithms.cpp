@@ -212,12 +212,12 @@ TEST_CASE("mpi reduce_scatter: recursive halving checks the call and loses nothi
 TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
     // recursive_doubling (the call check riding every message), the ring, two_level
     // (the node-aware one) and native (MPI's own) after the check, forced, and the
-    // tuning's choice, on one node and with every 2 ranks taken as a node (where at
-    // 4 ranks the tuning runs recursive doubling up to 2000 doubles, the ring at
-    // 5000 and two_level at 9000, whose 72000-byte blocks would wait for a
-    // rendezvous in the ring, and at 70001) and every 3 (at 4 ranks a node of 3 and
-    // one of 1, where recursive doubling runs at 2000); two_level also over nodes of
-    // 1 and 3 (at 3 ranks one node).
+    // tuning's choice, on one node and with every 3 ranks taken as a node (where at
+    // 4 ranks, a node of 3 and one of 1, the tuning runs recursive doubling up to
+    // 2000 doubles, the ring at 5000 and two_level at 9000, whose 72000-byte blocks
+    // would wait for a rendezvous in the ring, and at 70001) and every 2 (as with a
+    // rank per node: recursive doubling at 2000, MPI's own from 5000); two_level also
+    // over nodes of 1, 2 and 3 (at 3 ranks one node).
     struct run {
         unison::algorithm a;
         int ranks_per_node;
@@ -241,7 +241,7 @@ TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
                        ? a
                        : unison::mpi_tuning::all_gather(probe, n, comm.node_ranks())));
         }
-        if (a == unison::algorithm::automatic && r.ranks_per_node == 2 && n == 4) {
+        if (a == unison::algorithm::automatic && r.ranks_per_node == 3 && n == 4) {
             CHECK(comm.all_gather_algorithm(2000 * ranks * sizeof(double)) ==
                   unison::algorithm::recursive_doubling);
             CHECK(comm.all_gather_algorithm(5000 * ranks * sizeof(double)) ==
@@ -251,9 +251,11 @@ TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
             CHECK(comm.all_gather_algorithm(70001 * ranks * sizeof(double)) ==
                   unison::algorithm::two_level);
         }
-        if (a == unison::algorithm::automatic && r.ranks_per_node == 3 && n == 4) {
+        if (a == unison::algorithm::automatic && r.ranks_per_node == 2 && n == 4) {
             CHECK(comm.all_gather_algorithm(2000 * ranks * sizeof(double)) ==
                   unison::algorithm::recursive_doubling);
+            CHECK(comm.all_gather_algorithm(5000 * ranks * sizeof(double)) ==
+                  unison::algorithm::native);
         }
         std::uint64_t seed = 700;
         for (std::size_t count :

@@ -323,17 +323,16 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
     CHECK(tuned(tuning::all_gather_doubling_max_bytes - 1, 24, 1) == algorithm::recursive_doubling);
     CHECK(tuned(tuning::all_gather_doubling_max_bytes, 24, 1) == algorithm::native);
     // Over nodes of several ranks: recursive doubling, two_level (from a bound that
-    // falls as nodes grow, up to 8 ranks; on nodes of 2 the ring comes first), the
-    // ring, two_level.
+    // falls as nodes grow, up to 8 ranks), the ring, two_level. Nodes of 2 as a rank
+    // per node up to their own two_level bound.
     CHECK(tuning::nodes_all_gather_two_level_from(16) ==
           tuning::nodes_all_gather_two_level_min_bytes);
     CHECK(tuning::nodes_all_gather_two_level_from(8) ==
           tuning::nodes_all_gather_two_level_min_bytes);
     CHECK(tuning::nodes_all_gather_two_level_from(4) == 64 * 1024);
     CHECK(tuning::nodes_all_gather_two_level_from(3) > 64 * 1024);
-    CHECK(tuning::nodes_all_gather_two_level_from(2) == tuning::nodes_all_gather_ring_min_bytes);
     for (int ranks : {16, 24, 32, 64, 1024}) {
-        for (int per : {2, 3, 4, 8, 16}) {
+        for (int per : {3, 4, 8, 16}) {
             if (2 * per > ranks) { // full nodes only: fewer ranks, the ring sooner (below)
                 continue;
             }
@@ -341,10 +340,9 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
             CAPTURE(per);
             const std::size_t two_level_from = tuning::nodes_all_gather_two_level_from(per);
             CHECK(tuned(two_level_from - 1, ranks, per) == algorithm::recursive_doubling);
-            CHECK(tuned(two_level_from, ranks, per) ==
-                  (per == 2 ? algorithm::ring : algorithm::two_level));
+            CHECK(tuned(two_level_from, ranks, per) == algorithm::two_level);
             CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes - 1, ranks, per) ==
-                  (per == 2 ? algorithm::recursive_doubling : algorithm::two_level));
+                  algorithm::two_level);
             CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes, ranks, per) == algorithm::ring);
             CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes - 1, ranks, per) ==
                   algorithm::ring);
@@ -353,11 +351,26 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
             CHECK(tuned(std::size_t{1} << 34, ranks, per) == algorithm::two_level);
         }
     }
+    for (int ranks : {2, 3, 4, 8, 16, 32, 1024}) {
+        for (std::size_t bytes = 8; bytes <= (std::size_t{1} << 34); bytes *= 2) {
+            CAPTURE(ranks);
+            CAPTURE(bytes);
+            CHECK(tuned(bytes, ranks, 2) ==
+                  (ranks == 2 ? tuned(bytes, 2, 2) // one node
+                   : bytes >= tuning::pair_nodes_all_gather_two_level_min_bytes
+                       ? algorithm::two_level
+                       : tuned(bytes, ranks, 1)));
+        }
+    }
+    CHECK(tuned(tuning::all_gather_doubling_max_bytes - 8, 16, 2) == algorithm::recursive_doubling);
+    CHECK(tuned(tuning::all_gather_doubling_max_bytes, 16, 2) == algorithm::native);
+    CHECK(tuned(tuning::pair_nodes_all_gather_two_level_min_bytes - 1, 16, 2) == algorithm::native);
+    CHECK(tuned(tuning::pair_nodes_all_gather_two_level_min_bytes, 16, 2) == algorithm::two_level);
     // Below 16 ranks the ring ends once its blocks reach the eager limit's size.
     const std::size_t ring_block = tuning::nodes_all_gather_ring_max_block_bytes;
-    CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes, 4, 2) == algorithm::ring);
-    CHECK(tuned(ring_block * 4 - 4, 4, 2) == algorithm::ring);
-    CHECK(tuned(ring_block * 4, 4, 2) == algorithm::two_level);
+    CHECK(tuned(tuning::nodes_all_gather_ring_min_bytes, 6, 3) == algorithm::ring);
+    CHECK(tuned(ring_block * 6 - 6, 6, 3) == algorithm::ring);
+    CHECK(tuned(ring_block * 6, 6, 3) == algorithm::two_level);
     CHECK(tuned(ring_block * 11 - 11, 11, 8) == algorithm::ring);
     CHECK(tuned(ring_block * 11, 11, 8) == algorithm::two_level);
     CHECK(tuned(ring_block * 12, 12, 8) == algorithm::two_level);
@@ -404,7 +417,6 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
     // starts (a node's blocks at the leaders' bound), then as over full nodes.
     CHECK(tuning::half_second_node(12, 8));
     CHECK(tuning::half_second_node(6, 4));
-    CHECK(tuning::half_second_node(3, 2));
     CHECK_FALSE(tuning::half_second_node(11, 8));
     CHECK_FALSE(tuning::half_second_node(13, 8));
     CHECK_FALSE(tuning::half_second_node(20, 8)); // three nodes

@@ -348,8 +348,21 @@ inline constexpr std::size_t nodes_all_gather_leader_max_bytes = 64 * 1024;
 /// where two_level was 0.34-1.02x.
 inline constexpr std::size_t nodes_all_gather_ring_max_bytes = 1024 * 1024;
 inline constexpr std::size_t nodes_all_gather_ring_max_block_bytes = 64 * 1024;
+/// Nodes of fewer ranks than this (nodes of 2) take the rule of a rank per node,
+/// recursive doubling for small calls and MPI's own after the check from there,
+/// up to pair_nodes_all_gather_two_level_min_bytes. Over MPI's best (2026-12-06,
+/// the two-level platform with 2 ranks on each host, 8, 16 and 32 ranks, 16 KiB
+/// to 4 MiB): MPI's own 0.58-1.01x from 64 KiB to 1 MiB, where the tuning for
+/// larger nodes ran recursive doubling (up to 1.40x below 128 KiB) and the ring
+/// (0.82-1.32x); below 64 KiB recursive doubling 0.89-1.04x, MPI's own
+/// 1.14-1.81x.
+inline constexpr int nodes_all_gather_min_node_ranks = 3;
+/// On nodes of 2, two_level from this many bytes: 0.67-0.76x at 2 and 4 MiB (8
+/// and 16 ranks), MPI's own 0.86-0.95x; at 1 MiB the two trade places (MPI's own
+/// 0.59-0.87x at 8 to 32 ranks, two_level 0.65-0.86x).
+inline constexpr std::size_t pair_nodes_all_gather_two_level_min_bytes = 2 * 1024 * 1024;
 /// The smallest all_gather that two_level carries over nodes of `node_ranks` ranks
-/// (the ring may take it first: on nodes of 2 it always does).
+/// (the ring may take it first).
 constexpr std::size_t nodes_all_gather_two_level_from(int node_ranks) noexcept {
     return std::max(nodes_all_gather_two_level_min_bytes,
                     small_nodes_all_gather_two_level_bytes /
@@ -358,8 +371,9 @@ constexpr std::size_t nodes_all_gather_two_level_from(int node_ranks) noexcept {
 static_assert(nodes_all_gather_two_level_from(8) == nodes_all_gather_two_level_min_bytes &&
                   nodes_all_gather_two_level_from(4) == 2 * nodes_all_gather_two_level_min_bytes,
               "from nodes of 8 the fixed bound; on nodes of 4 twice it");
-static_assert(nodes_all_gather_two_level_from(2) == nodes_all_gather_ring_min_bytes,
-              "on nodes of 2 recursive doubling runs up to the ring");
+static_assert(nodes_all_gather_ring_max_bytes < pair_nodes_all_gather_two_level_min_bytes,
+              "nodes of 2 leave MPI's own for two_level later than larger nodes leave the "
+              "ring");
 static_assert(nodes_all_gather_leader_max_bytes == nodes_all_gather_ring_max_block_bytes,
               "both bounds are the eager limit: two_level's leaders' messages and the "
               "ring's each wait for a rendezvous from there");
@@ -429,7 +443,7 @@ constexpr algorithm all_gather(std::size_t bytes, int ranks, int node_ranks) noe
         return bytes < node_all_gather_doubling_max_bytes ? algorithm::recursive_doubling
                                                           : algorithm::native;
     }
-    if (node_ranks > 1) {
+    if (node_ranks >= nodes_all_gather_min_node_ranks) {
         const std::size_t block = bytes / static_cast<std::size_t>(ranks);
         const bool small_second = small_second_node(ranks, node_ranks);
         if (bytes < (small_second ? small_second_node_ring_min_bytes
@@ -445,6 +459,9 @@ constexpr algorithm all_gather(std::size_t bytes, int ranks, int node_ranks) noe
         const bool ring = ring_yet && bytes < nodes_all_gather_ring_max_bytes &&
                           block < nodes_all_gather_ring_max_block_bytes;
         return ring ? algorithm::ring : algorithm::two_level;
+    }
+    if (node_ranks > 1 && bytes >= pair_nodes_all_gather_two_level_min_bytes) {
+        return algorithm::two_level;
     }
     return bytes < all_gather_doubling_max_bytes ||
                    bytes / static_cast<std::size_t>(ranks) <= all_gather_doubling_max_block_bytes
