@@ -216,7 +216,8 @@ TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
     // 4 ranks, a node of 3 and one of 1, the tuning runs recursive doubling up to
     // 2000 doubles, the ring at 5000 and two_level at 9000, whose 72000-byte blocks
     // would wait for a rendezvous in the ring, and at 70001) and every 2 (as with a
-    // rank per node: recursive doubling at 2000, MPI's own from 5000); two_level also
+    // rank per node up to 2 MiB: recursive doubling at 2000, MPI's own at 5000 and
+    // 9000; at 4 ranks 70001 doubles pass 2 MiB and two_level runs); two_level also
     // over nodes of 1, 2 and 3 (at 3 ranks one node).
     struct run {
         unison::algorithm a;
@@ -256,6 +257,10 @@ TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
                   unison::algorithm::recursive_doubling);
             CHECK(comm.all_gather_algorithm(5000 * ranks * sizeof(double)) ==
                   unison::algorithm::native);
+            CHECK(comm.all_gather_algorithm(9000 * ranks * sizeof(double)) ==
+                  unison::algorithm::native);
+            CHECK(comm.all_gather_algorithm(70001 * ranks * sizeof(double)) ==
+                  unison::algorithm::two_level);
         }
         std::uint64_t seed = 700;
         for (std::size_t count :

@@ -274,8 +274,9 @@ TEST_CASE("mpi tuning: the reduce_scatter halves small buffers on one node and m
     }
     CHECK(tuned(std::size_t{1} << 30, 8, 1) == algorithm::rank_ordered);
     CHECK(tuned(std::size_t{1} << 30, 16, 1) == algorithm::rabenseifner);
-    // Several nodes: a power of two halves at every size; other counts leave large
-    // buffers to MPI's own with a rank per node, and halve over nodes of several.
+    // Several nodes: a power of two halves at every size (but 4 and 8 ranks of a node
+    // each, above); other counts leave large buffers to MPI's own with a rank per
+    // node, and halve over nodes of several.
     for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20, std::size_t{1} << 30}) {
         CHECK(tuned(bytes, 2, 1) == algorithm::rabenseifner);
         CHECK(tuned(bytes, 64, 1) == algorithm::rabenseifner);
@@ -356,10 +357,13 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
             CAPTURE(ranks);
             CAPTURE(bytes);
             CHECK(tuned(bytes, ranks, 2) ==
-                  (ranks == 2 ? tuned(bytes, 2, 2) // one node
-                   : bytes >= tuning::pair_nodes_all_gather_two_level_min_bytes
-                       ? algorithm::two_level
-                       : tuned(bytes, ranks, 1)));
+                  (ranks == 2 // one node
+                       ? (bytes < tuning::node_all_gather_doubling_max_bytes
+                              ? algorithm::recursive_doubling
+                              : algorithm::native)
+                       : bytes >= tuning::pair_nodes_all_gather_two_level_min_bytes
+                             ? algorithm::two_level
+                             : tuned(bytes, ranks, 1)));
         }
     }
     CHECK(tuned(tuning::all_gather_doubling_max_bytes - 8, 16, 2) == algorithm::recursive_doubling);
@@ -438,8 +442,8 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
         CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes, ranks, per) == algorithm::two_level);
     }
     // With a rank per node, recursive doubling while the blocks are small, past the
-    // whole buffer's bound at 32 ranks and more; never over nodes of several ranks
-    // or on one node.
+    // whole buffer's bound at 32 ranks and more (nodes of 2 as well, above); never
+    // over nodes of 3 ranks and more or on one node.
     const std::size_t block = tuning::all_gather_doubling_max_block_bytes;
     CHECK(tuned(tuning::all_gather_doubling_max_bytes, 16, 1) == algorithm::native);
     CHECK(tuned(block * 32, 32, 1) == algorithm::recursive_doubling);

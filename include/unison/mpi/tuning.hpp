@@ -226,7 +226,7 @@ inline constexpr std::size_t pair_halving_max_bytes = 16 * 1024;
 inline constexpr std::size_t node_halving_max_bytes = 64 * 1024;
 /// A rank per node, a rank count not a power of two: recursive halving below this
 /// many bytes, MPI's own from there. (A power of two, or nodes of several ranks:
-/// the halving at every size.)
+/// the halving at every size, but for 3 to 8 ranks of a node each, below.)
 inline constexpr std::size_t odd_halving_max_bytes = 64 * 1024;
 
 /// A rank per node, 3 to this many ranks: the direct exchange from ...
@@ -298,7 +298,8 @@ constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, int node_ranks)
 // for a rendezvous). With one rank per node or on one node the ring lost to
 // native at every size from 64 KiB (0.83-4.38x against 0.26-1.62x), and two_level
 // too (1.02-2.03x on 8 and 32 ranks of the flat cluster and the fat tree, native
-// 0.23-0.96x), so they run only over several nodes of several ranks.
+// 0.23-0.96x), so they run only over several nodes of several ranks (on nodes
+// of 2, two_level only from pair_nodes_all_gather_two_level_min_bytes).
 
 /// Recursive doubling below this many bytes (the output: count times the ranks)
 /// over nodes of one rank, from there MPI's own (but see
@@ -352,7 +353,9 @@ inline constexpr std::size_t nodes_all_gather_ring_max_block_bytes = 64 * 1024;
 /// recursive doubling for small calls and MPI's own after the check from there,
 /// up to pair_nodes_all_gather_two_level_min_bytes. Over MPI's best (2026-12-06,
 /// the two-level platform with 2 ranks on each host, 8, 16 and 32 ranks, 16 KiB
-/// to 4 MiB): MPI's own 0.58-1.01x from 64 KiB to 1 MiB, where the tuning for
+/// to 4 MiB): MPI's own 0.58-1.01x from 64 KiB to 1 MiB (where the blocks are over
+/// 2 KiB; at 32 ranks and 64 KiB recursive doubling stays, 1.21x against MPI's own
+/// 1.20x), where the tuning for
 /// larger nodes ran recursive doubling (up to 1.40x below 128 KiB) and the ring
 /// (0.82-1.32x); below 64 KiB recursive doubling 0.89-1.04x, MPI's own
 /// 1.14-1.81x.
@@ -361,8 +364,8 @@ inline constexpr int nodes_all_gather_min_node_ranks = 3;
 /// and 16 ranks), MPI's own 0.86-0.95x; at 1 MiB the two trade places (MPI's own
 /// 0.59-0.87x at 8 to 32 ranks, two_level 0.65-0.86x).
 inline constexpr std::size_t pair_nodes_all_gather_two_level_min_bytes = 2 * 1024 * 1024;
-/// The smallest all_gather that two_level carries over nodes of `node_ranks` ranks
-/// (the ring may take it first).
+/// The smallest all_gather that two_level carries over nodes of `node_ranks` ranks,
+/// 3 and more (the ring may take it first; nodes of 2: above).
 constexpr std::size_t nodes_all_gather_two_level_from(int node_ranks) noexcept {
     return std::max(nodes_all_gather_two_level_min_bytes,
                     small_nodes_all_gather_two_level_bytes /
@@ -371,9 +374,8 @@ constexpr std::size_t nodes_all_gather_two_level_from(int node_ranks) noexcept {
 static_assert(nodes_all_gather_two_level_from(8) == nodes_all_gather_two_level_min_bytes &&
                   nodes_all_gather_two_level_from(4) == 2 * nodes_all_gather_two_level_min_bytes,
               "from nodes of 8 the fixed bound; on nodes of 4 twice it");
-static_assert(nodes_all_gather_ring_max_bytes < pair_nodes_all_gather_two_level_min_bytes,
-              "nodes of 2 leave MPI's own for two_level later than larger nodes leave the "
-              "ring");
+static_assert(all_gather_doubling_max_bytes < pair_nodes_all_gather_two_level_min_bytes,
+              "on nodes of 2 MPI's own has a range of sizes before two_level");
 static_assert(nodes_all_gather_leader_max_bytes == nodes_all_gather_ring_max_block_bytes,
               "both bounds are the eager limit: two_level's leaders' messages and the "
               "ring's each wait for a rendezvous from there");
@@ -396,7 +398,8 @@ constexpr bool small_second_node(int ranks, int node_ranks) noexcept {
 /// KiB by factors of 1.1 (2026-12-06) two_level was 0.95-1.27x MPI's best at 12
 /// ranks and 1.27-1.34x at 6 from 64 KiB, recursive doubling 0.91-1.04x and
 /// 1.04-1.07x. On nodes of 16 (24 ranks) two_level led from 36 KiB (0.75-0.94x,
-/// recursive doubling 0.92-1.13x): a half node of 8 gains from its leader.
+/// recursive doubling 0.92-1.13x): a half node of 8 gains from its leader. Nodes
+/// of 6 (9 ranks) take the rule without a measurement.
 inline constexpr int half_second_node_max_ranks = 8;
 constexpr bool half_second_node(int ranks, int node_ranks) noexcept {
     const int last = node_ranks > 1 ? last_node_ranks(ranks, node_ranks) : 0;
