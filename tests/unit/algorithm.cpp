@@ -409,9 +409,38 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
               algorithm::recursive_doubling);
         CHECK(tuned(tuning::small_second_node_ring_min_bytes - 1, ranks, 8) ==
               algorithm::recursive_doubling);
-        CHECK(tuned(tuning::small_second_node_ring_min_bytes, ranks, 8) == algorithm::ring);
-        CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes - 1, ranks, 8) == algorithm::two_level);
+        // A lone rank on the second node: MPI's own from there, at every size.
+        CHECK(tuned(tuning::small_second_node_ring_min_bytes, ranks, 8) ==
+              (ranks == 9 ? algorithm::native : algorithm::ring));
+        CHECK(tuned(tuning::nodes_all_gather_ring_max_bytes - 1, ranks, 8) ==
+              (ranks == 9 ? algorithm::native : algorithm::two_level));
+        CHECK(tuned(std::size_t{1} << 30, ranks, 8) ==
+              (ranks == 9 ? algorithm::native : algorithm::two_level));
     }
+    // Two nodes, the second holding one rank, on every node size from 3: recursive
+    // doubling below the small second node's ring bound, MPI's own from there; not
+    // on three nodes, on a second node of 2, or on nodes of 2 (a rank per node's
+    // rule, two_level from its own bound).
+    for (const std::pair<int, int>& layout :
+         {std::pair{4, 3}, std::pair{5, 4}, std::pair{7, 6}, std::pair{9, 8}, std::pair{17, 16}}) {
+        const int ranks = layout.first, per = layout.second;
+        CAPTURE(ranks);
+        CAPTURE(per);
+        CHECK(tuning::lone_second_node(ranks, per));
+        CHECK(tuned(tuning::small_second_node_ring_min_bytes - 1, ranks, per) ==
+              algorithm::recursive_doubling);
+        for (std::size_t bytes = tuning::small_second_node_ring_min_bytes;
+             bytes <= (std::size_t{1} << 32); bytes *= 2) {
+            CHECK(tuned(bytes, ranks, per) == algorithm::native);
+        }
+    }
+    CHECK_FALSE(tuning::lone_second_node(17, 8));
+    CHECK_FALSE(tuning::lone_second_node(18, 16));
+    CHECK_FALSE(tuning::lone_second_node(16, 8));
+    CHECK_FALSE(tuning::lone_second_node(9, 1));
+    CHECK(tuned(tuning::small_second_node_ring_min_bytes, 18, 16) == algorithm::ring);
+    CHECK(tuned(tuning::nodes_all_gather_two_level_min_bytes, 17, 8) == algorithm::two_level);
+    CHECK(tuned(tuning::pair_nodes_all_gather_two_level_min_bytes, 3, 2) == algorithm::two_level);
     for (int ranks : {13, 17, 18, 25}) {
         CAPTURE(ranks);
         CHECK(tuned(tuning::nodes_all_gather_two_level_min_bytes, ranks, 8) ==

@@ -414,6 +414,24 @@ inline constexpr std::size_t small_second_node_ring_min_bytes = 112 * 1024;
 static_assert(nodes_all_gather_two_level_min_bytes < small_second_node_ring_min_bytes &&
                   small_second_node_ring_min_bytes <= nodes_all_gather_ring_min_bytes,
               "the ring comes no later on a small second node than on full ones");
+/// Two nodes whose second holds one rank: MPI's own from
+/// small_second_node_ring_min_bytes on, where the ring and two_level run over
+/// other small second nodes. The lone rank's link carries only its own traffic,
+/// which MPI's non-blocking all-gather posts at once, while the ring's n - 1 steps
+/// and two_level's check and leaders each wait. Over MPI's best (2026-12-06, the
+/// two-level platform with 3, 4, 6, 8 or 16 ranks placed on each host, 128 KiB to
+/// 8 MiB by factors of 2, 9 ranks on nodes of 8 also by 1.25): MPI's own
+/// 0.47-0.92x at 4, 5, 7, 9 and 17 ranks, where the tuning ran the ring
+/// (0.68-1.47x) and two_level (0.81-1.29x). A second node of 2 (10 ranks on
+/// nodes of 8, 18 on nodes of 16) keeps the ring and two_level: 0.61-0.95x against
+/// MPI's own 0.54-1.05x.
+constexpr bool lone_second_node(int ranks, int node_ranks) noexcept {
+    return node_ranks > 1 && nodes_of(ranks, node_ranks) == 2 &&
+           last_node_ranks(ranks, node_ranks) == 1;
+}
+static_assert(lone_second_node(4, 3) && small_second_node(4, 3) && !lone_second_node(17, 8),
+              "from nodes of 3 a lone rank's node is a small second node (recursive "
+              "doubling below the ring's bound), and three nodes are not two");
 
 /// The node-aware all_gather hands a node of at most this many ranks the result
 /// from its leader directly, a larger one down a binomial tree of its ranks. Over
@@ -452,6 +470,9 @@ constexpr algorithm all_gather(std::size_t bytes, int ranks, int node_ranks) noe
         if (bytes < (small_second ? small_second_node_ring_min_bytes
                                   : nodes_all_gather_two_level_from(node_ranks))) {
             return algorithm::recursive_doubling;
+        }
+        if (lone_second_node(ranks, node_ranks)) {
+            return algorithm::native;
         }
         const bool ring_yet =
             small_second || bytes >= nodes_all_gather_ring_min_bytes ||
