@@ -106,19 +106,35 @@ void check_algorithm(unison::mpi_communicator& comm) {
 
 TEST_CASE("mpi reduce_scatter: every algorithm gives the serial result") {
     // rank_ordered (the direct exchange), rabenseifner (recursive halving) and native
-    // (MPI's own), forced.
-    for (unison::algorithm a : {unison::algorithm::automatic, unison::algorithm::rank_ordered,
-                                unison::algorithm::rabenseifner, unison::algorithm::native}) {
+    // (MPI's own), forced; and the tuning's choice on one node and with every 2 or 3
+    // ranks taken as a node (at 3 and 4 ranks a lone rank on the second node: MPI's
+    // own from 70001 floats, the halving below).
+    struct run {
+        unison::algorithm a;
+        int ranks_per_node;
+    };
+    for (run r : {run{unison::algorithm::automatic, 0}, run{unison::algorithm::rank_ordered, 0},
+                  run{unison::algorithm::rabenseifner, 0}, run{unison::algorithm::native, 0},
+                  run{unison::algorithm::automatic, 2}, run{unison::algorithm::automatic, 3}}) {
+        const unison::algorithm a = r.a;
         CAPTURE(unison::to_string(a));
-        auto comm = forced(a);
+        CAPTURE(r.ranks_per_node);
+        auto comm = r.ranks_per_node == 0 ? forced(a) : on_nodes(a, r.ranks_per_node);
         const int rank = comm.rank(), n = comm.size();
         const auto per = [&](std::size_t count) { return count * static_cast<std::size_t>(n); };
-        CHECK(comm.reduce_scatter_algorithm(per(1000) * sizeof(float)) ==
-              (n == 1 ? unison::algorithm::native
-               : a != unison::algorithm::automatic
-                   ? a
-                   : unison::mpi_tuning::reduce_scatter(per(1000) * sizeof(float), n,
-                                                        comm.node_ranks())));
+        for (std::size_t probe : {per(1000) * sizeof(float), per(70001) * sizeof(float)}) {
+            CHECK(comm.reduce_scatter_algorithm(probe) ==
+                  (n == 1 ? unison::algorithm::native
+                   : a != unison::algorithm::automatic
+                       ? a
+                       : unison::mpi_tuning::reduce_scatter(probe, n, comm.node_ranks())));
+        }
+        if (r.ranks_per_node == n - 1 && n >= 3) {
+            CHECK(comm.reduce_scatter_algorithm(per(1000) * sizeof(float)) ==
+                  unison::algorithm::rabenseifner);
+            CHECK(comm.reduce_scatter_algorithm(per(70001) * sizeof(float)) ==
+                  unison::algorithm::native);
+        }
         std::uint64_t seed = 500;
         for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000},
                                   std::size_t{5000}, std::size_t{70001}}) {

@@ -268,12 +268,37 @@ TEST_CASE("mpi tuning: the reduce_scatter halves small buffers on one node and m
         CHECK(tuned(direct_from - 1, ranks, 1) ==
               (pow2 ? algorithm::rabenseifner : algorithm::native));
         CHECK(tuned(tuning::odd_halving_max_bytes - 1, ranks, 1) == algorithm::rabenseifner);
-        if (ranks > 2) { // nodes of 2 (two ranks would share one)
+        if (ranks > 3) { // nodes of 2 (two ranks would share one; three: below)
             CHECK(tuned(direct_from, ranks, 2) == algorithm::rabenseifner);
         }
     }
     CHECK(tuned(std::size_t{1} << 30, 8, 1) == algorithm::rank_ordered);
     CHECK(tuned(std::size_t{1} << 30, 16, 1) == algorithm::rabenseifner);
+    // Two nodes, the second holding one rank: MPI's own from the lone node's bound
+    // (twice it for a power of two), the halving below; a second node of 2, or three
+    // nodes, halve at every size.
+    const std::size_t lone_from = tuning::lone_node_scatter_halving_max_bytes;
+    for (const std::pair<int, int>& layout :
+         {std::pair{3, 2}, std::pair{4, 3}, std::pair{5, 4}, std::pair{7, 6}, std::pair{9, 8},
+          std::pair{16, 15}, std::pair{17, 16}}) {
+        const int ranks = layout.first, per = layout.second;
+        CAPTURE(ranks);
+        CAPTURE(per);
+        const std::size_t from =
+            std::has_single_bit(static_cast<unsigned>(ranks)) ? 2 * lone_from : lone_from;
+        CHECK(tuning::lone_node_scatter_native_from(ranks) == from);
+        CHECK(tuned(lone_from - 1, ranks, per) == algorithm::rabenseifner);
+        CHECK(tuned(from - 1, ranks, per) == algorithm::rabenseifner);
+        for (std::size_t bytes = from; bytes <= (std::size_t{1} << 32); bytes *= 2) {
+            CHECK(tuned(bytes, ranks, per) == algorithm::native);
+        }
+    }
+    CHECK(tuned(lone_from, 4, 3) == algorithm::rabenseifner);
+    for (std::size_t bytes : {lone_from, std::size_t{1} << 20, std::size_t{1} << 30}) {
+        CHECK(tuned(bytes, 10, 8) == algorithm::rabenseifner);
+        CHECK(tuned(bytes, 17, 8) == algorithm::rabenseifner);
+        CHECK(tuned(bytes, 18, 16) == algorithm::rabenseifner);
+    }
     // Several nodes: a power of two halves at every size (but 4 and 8 ranks of a node
     // each, above); other counts leave large buffers to MPI's own with a rank per
     // node, and halve over nodes of several.

@@ -61,6 +61,13 @@ constexpr int nodes_of(int ranks, int node_ranks) noexcept {
 constexpr int last_node_ranks(int ranks, int node_ranks) noexcept {
     return ranks % node_ranks;
 }
+/// Whether they fill two nodes, the second holding one rank: that rank's link
+/// carries its own traffic alone (the reduce_scatter and the all_gather then run
+/// MPI's own from some size on).
+constexpr bool lone_second_node(int ranks, int node_ranks) noexcept {
+    return node_ranks > 1 && nodes_of(ranks, node_ranks) == 2 &&
+           last_node_ranks(ranks, node_ranks) == 1;
+}
 
 // Recursive doubling moves the whole buffer log2(n) times in log2(n) messages (three
 // times a power of two ranks: log2(n / 3) steps, then one of three);
@@ -205,7 +212,8 @@ constexpr bool rank_ordered_direct(std::size_t bytes, int ranks) noexcept {
 // 0.15-1.35x MPI's best (1.03-1.35x at 512 KiB, where the simulated MPI's time
 // drops below its 128 KiB one), MPI's own 0.65-3.54x (1.38-3.54x at 512 KiB;
 // the direct exchange no better, 0.61-3.49x), so there the halving takes every
-// size whatever the count.
+// size whatever the count, but on two nodes whose second holds one rank
+// (lone_node_scatter_halving_max_bytes).
 //
 // With a rank per node, 3 to 8 ranks (flat cluster and fat tree, 2026-12-06, 128
 // KiB to 4 MiB by factors of 2, every result checked): the direct exchange after
@@ -234,6 +242,25 @@ inline constexpr int few_nodes_scatter_direct_max_ranks = 8;
 /// ... this many bytes (the input) on.
 inline constexpr std::size_t few_nodes_scatter_direct_min_bytes = 256 * 1024;
 
+/// Two nodes, the second holding one rank (lone_second_node): the halving below
+/// this many bytes, MPI's own from there (twice as many for a power of two ranks,
+/// which fold nothing). The halving's fold (or, for a power of two, its steps)
+/// sends whole halves through the lone rank's one link, where MPI's own sends it
+/// only its share. Over MPI's best (2026-12-06, the two-level platform with 2 to
+/// 16 ranks placed on each host, 3 to 17 ranks): at 3, 5, 7, 9 and 17 ranks from
+/// 128 KiB to 4 MiB MPI's own led in every cell, 0.38-0.98x against the halving's
+/// 0.52-1.88x (up to 110 KiB by factors of 1.1 the halving 0.92-1.02x, MPI's own
+/// 1.05-1.34x; between, at 117 KiB, either leads); at 4, 8 and 16 ranks the
+/// halving led at 128 KiB (0.53-0.55x against 0.57-0.71x) and MPI's own from 256
+/// KiB (0.31-1.06x against 0.51-1.60x; but at 4 ranks and 256 KiB 0.60 against
+/// 0.56x). At 9 ranks and 16 and 64 MiB: 0.82 and 0.95x against 0.88 and 0.96x.
+inline constexpr std::size_t lone_node_scatter_halving_max_bytes = 128 * 1024;
+constexpr std::size_t lone_node_scatter_native_from(int ranks) noexcept {
+    return std::has_single_bit(static_cast<unsigned>(ranks))
+               ? 2 * lone_node_scatter_halving_max_bytes
+               : lone_node_scatter_halving_max_bytes;
+}
+
 static_assert(odd_halving_max_bytes <= few_nodes_scatter_direct_min_bytes,
               "a rank count that is not a power of two leaves the halving first");
 static_assert(pair_halving_max_bytes <= node_halving_max_bytes,
@@ -259,6 +286,9 @@ constexpr algorithm reduce_scatter(std::size_t bytes, int ranks, int node_ranks)
     }
     if (node_ranks <= 1 && !std::has_single_bit(static_cast<unsigned>(ranks)) &&
         bytes >= odd_halving_max_bytes) {
+        return algorithm::native;
+    }
+    if (lone_second_node(ranks, node_ranks) && bytes >= lone_node_scatter_native_from(ranks)) {
         return algorithm::native;
     }
     return algorithm::rabenseifner;
@@ -414,21 +444,17 @@ inline constexpr std::size_t small_second_node_ring_min_bytes = 112 * 1024;
 static_assert(nodes_all_gather_two_level_min_bytes < small_second_node_ring_min_bytes &&
                   small_second_node_ring_min_bytes <= nodes_all_gather_ring_min_bytes,
               "the ring comes no later on a small second node than on full ones");
-/// Two nodes whose second holds one rank: MPI's own from
-/// small_second_node_ring_min_bytes on, where the ring and two_level run over
-/// other small second nodes. The lone rank's link carries only its own traffic,
-/// which MPI's non-blocking all-gather posts at once, while the ring's n - 1 steps
-/// and two_level's check and leaders each wait. Over MPI's best (2026-12-06, the
-/// two-level platform with 3, 4, 6, 8 or 16 ranks placed on each host, 128 KiB to
-/// 8 MiB by factors of 2, 9 ranks on nodes of 8 also by 1.25): MPI's own
-/// 0.47-0.92x at 4, 5, 7, 9 and 17 ranks, where the tuning ran the ring
-/// (0.68-1.47x) and two_level (0.81-1.29x). A second node of 2 (10 ranks on
-/// nodes of 8, 18 on nodes of 16) keeps the ring and two_level: 0.61-0.95x against
-/// MPI's own 0.54-1.05x.
-constexpr bool lone_second_node(int ranks, int node_ranks) noexcept {
-    return node_ranks > 1 && nodes_of(ranks, node_ranks) == 2 &&
-           last_node_ranks(ranks, node_ranks) == 1;
-}
+// On two nodes whose second holds one rank (lone_second_node) the all_gather runs
+// MPI's own from small_second_node_ring_min_bytes on, where the ring and
+// two_level run over other small second nodes. The lone rank's link carries only
+// its own traffic, which MPI's non-blocking all-gather posts at once, while the
+// ring's n - 1 steps and two_level's check and leaders each wait. Over MPI's best (2026-12-06, the
+// two-level platform with 3, 4, 6, 8 or 16 ranks placed on each host, 128 KiB to
+// 8 MiB by factors of 2, 9 ranks on nodes of 8 also by 1.25): MPI's own
+// 0.47-0.92x at 4, 5, 7, 9 and 17 ranks, where the tuning ran the ring
+// (0.68-1.47x) and two_level (0.81-1.29x). A second node of 2 (10 ranks on
+// nodes of 8, 18 on nodes of 16) keeps the ring and two_level: 0.61-0.95x against
+// MPI's own 0.54-1.05x.
 static_assert(lone_second_node(4, 3) && small_second_node(4, 3) && !lone_second_node(17, 8),
               "from nodes of 3 a lone rank's node is a small second node (recursive "
               "doubling below the ring's bound), and three nodes are not two");
