@@ -224,6 +224,8 @@ def tuned(t, m, p, node_ranks=1):
         return "two_level" if flat in ("recursive_doubling", "rabenseifner") else flat
     if p > t["odd_some_ranks"]:
         return "rabenseifner" if flat in ("recursive_doubling", "ring") else flat
+    if flat == "ring":  # up to odd_some_ranks, not a power of two
+        return "two_level" if nodes == 2 else "rabenseifner"
     return "two_level" if flat == "recursive_doubling" else flat
 
 

@@ -122,11 +122,9 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
     CHECK(all_reduce_by_size(odd_few_ring_min_bytes - 1, 3, false) ==
           algorithm::recursive_doubling);
     CHECK(all_reduce_by_size(odd_few_ring_min_bytes, 3, false) == algorithm::ring);
-    CHECK(all_reduce(odd_few_ring_min_bytes, 3, 2) == algorithm::ring); // nodes of 2
     CHECK(all_reduce_by_size(odd_some_ring_min_bytes - 1, 6, false) ==
           algorithm::recursive_doubling);
     CHECK(all_reduce_by_size(odd_some_ring_min_bytes, 6, false) == algorithm::ring);
-    CHECK(all_reduce(odd_some_ring_min_bytes, 6, 3) == algorithm::ring); // nodes of 3
     // Past odd_some_ranks with a rank per node, folding (10, 14, 20, 40) or in groups
     // of three (12, 24, 48, 96): Rabenseifner's from where a power of two takes it.
     // On one node from odd_rabenseifner_min_bytes.
@@ -166,7 +164,29 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
     CHECK(all_reduce(two_level_max_bytes - 1, 40, 8) == algorithm::two_level);
     CHECK(all_reduce(std::size_t{1} << 24, 12, 8) == algorithm::rabenseifner);
     CHECK(all_reduce(std::size_t{1} << 24, 12, 1) == algorithm::ring);
-    CHECK(all_reduce(std::size_t{1} << 24, 6, 2) == algorithm::ring); // up to odd_some_ranks
+    // Up to odd_some_ranks, not a power of two, over nodes of several ranks: never
+    // the ring; where it would run by size, two_level on two nodes, Rabenseifner's on
+    // more; two_level where recursive doubling would.
+    struct layout {
+        int ranks, per;
+        algorithm large; ///< where the ring would run by size
+    };
+    for (const layout l :
+         {layout{3, 2, algorithm::two_level}, layout{5, 3, algorithm::two_level},
+          layout{6, 3, algorithm::two_level}, layout{6, 4, algorithm::two_level},
+          layout{7, 4, algorithm::two_level}, layout{6, 2, algorithm::rabenseifner},
+          layout{7, 2, algorithm::rabenseifner}}) {
+        CAPTURE(l.ranks);
+        CAPTURE(l.per);
+        const std::size_t ring_from =
+            l.ranks <= 4 ? odd_few_ring_min_bytes : odd_some_ring_min_bytes;
+        CHECK(all_reduce_by_size(ring_from, l.ranks, false) == algorithm::ring);
+        CHECK(all_reduce(two_level_max_bytes, l.ranks, l.per) == algorithm::two_level);
+        CHECK(all_reduce(ring_from - 1, l.ranks, l.per) == algorithm::two_level);
+        for (std::size_t bytes = ring_from; bytes <= (std::size_t{1} << 30); bytes *= 4) {
+            CHECK(all_reduce(bytes, l.ranks, l.per) == l.large);
+        }
+    }
     // Nodes not all full: two_level at every size where the last node holds fewer
     // than half a node (9, 10, 11, 17, 26, 34 ranks on nodes of 8) or on three nodes
     // (20, 22); the tuning as for full nodes where the last is at least half full on

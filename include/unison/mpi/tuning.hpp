@@ -585,9 +585,20 @@ constexpr algorithm all_reduce_by_size(std::size_t bytes, int ranks, bool one_no
 // and the ring (which by size alone carries them from ring_min_bytes_per_rank,
 // chosen with a rank per node) 1.32-2.69x from 4 MiB: each of its 2 (n - 1) steps
 // waits for the one message that crosses between nodes. So past odd_some_ranks,
-// over nodes of several ranks, Rabenseifner's from two_level_max_bytes. (Up to
-// odd_some_ranks such layouts were not simulated: the two-level cluster's nodes
-// hold 8.)
+// over nodes of several ranks, Rabenseifner's from two_level_max_bytes.
+//
+// Up to odd_some_ranks over nodes of several ranks (2026-12-06, the two-level
+// platform with 2, 3 or 4 ranks placed on each host: 3, 6 and 7 ranks on nodes
+// of 2, 5 and 6 on nodes of 3, 6 and 7 on nodes of 4; 32 KiB to 16 MiB by
+// factors of 4, every algorithm forced) the ring, which the size alone picks
+// from odd_few_ring_min_bytes or odd_some_ring_min_bytes, was 1.12-2.45x MPI's
+// best where it ran, for the same reason, but for 3 ranks at 128 KiB (1.00x) and
+// 6 on nodes of 2 at 16 MiB (0.84x). There, on two nodes, two_level was
+// 0.93-1.07x (its leaders exchange the buffer once, without the ring's steps) and
+// Rabenseifner's 1.01-2.56x (a fold, the halves crossing between the nodes at
+// every step); on 3 and 4 nodes (6 and 7 ranks on nodes of 2) Rabenseifner's
+// 0.63-1.03x, two_level 0.79-1.24x (log2 of the nodes whole-buffer steps). So
+// there the ring gives way to two_level on two nodes, Rabenseifner's on more.
 
 /// Several nodes holding more than one rank each: two_level where recursive
 /// doubling would run, from this many bytes on 2 nodes ...
@@ -705,6 +716,9 @@ constexpr algorithm all_reduce(std::size_t bytes, int ranks, int node_ranks) noe
         return flat == algorithm::recursive_doubling || flat == algorithm::ring
                    ? algorithm::rabenseifner
                    : flat;
+    }
+    if (flat == algorithm::ring) { // up to odd_some_ranks, not a power of two
+        return nodes_of(ranks, node_ranks) == 2 ? algorithm::two_level : algorithm::rabenseifner;
     }
     return flat == algorithm::recursive_doubling ? algorithm::two_level : flat;
 }
