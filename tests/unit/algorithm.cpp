@@ -118,7 +118,8 @@ TEST_CASE("mpi tuning: each of its algorithms carries some all-reduce") {
     }
     CHECK(all_reduce(direct_min_bytes - 1, 8, 1) == algorithm::rabenseifner);
     CHECK(all_reduce(direct_min_bytes - 1, 4, 1) == algorithm::recursive_doubling);
-    // By size alone (what a node layout the direct exchange does not take runs).
+    // By size alone (what one node runs, and a rank per node past the direct
+    // exchange's ranks; over nodes of several ranks, below).
     CHECK(all_reduce_by_size(odd_few_ring_min_bytes - 1, 3, false) ==
           algorithm::recursive_doubling);
     CHECK(all_reduce_by_size(odd_few_ring_min_bytes, 3, false) == algorithm::ring);
@@ -276,7 +277,8 @@ TEST_CASE("mpi tuning: the reduce_scatter halves small buffers on one node and m
     CHECK(tuned(tuning::node_halving_max_bytes, 5, 8) == algorithm::rank_ordered);
     // 3 to 8 ranks, a rank per node: the direct exchange from its bound, whatever
     // the count; below it a power of two halves and other counts take MPI's own from
-    // odd_halving_max_bytes. Two ranks, more than 8, and nodes of several halve.
+    // odd_halving_max_bytes. Two ranks, more than 8, and nodes of several halve (but
+    // two nodes whose second holds one rank, below).
     const std::size_t direct_from = tuning::few_nodes_scatter_direct_min_bytes;
     for (int ranks = 2; ranks <= 17; ++ranks) {
         const bool pow2 = std::has_single_bit(static_cast<unsigned>(ranks));

@@ -24,13 +24,13 @@
 ///   node, for mid-sized and large ones;
 /// - rabenseifner (rabenseifner.hpp): recursive halving then doubling, the call check
 ///   riding the halving: 2 log2(n) messages and twice the data, for everything
-///   larger; its halving alone is the reduce_scatter over several nodes and for
-///   small buffers on one;
+///   larger; its halving alone is the reduce_scatter over several nodes (but from
+///   128 KiB on two whose second holds one rank) and for small buffers on one;
 /// - ring (ring_allreduce.hpp): after the check, 2 (n - 1) messages of 1/n of the
 ///   buffer each, sent straight from and into the caller's tensors: no scratch
 ///   beyond one chunk and no fold, for large buffers on two to four ranks of one
-///   node and on rank counts that are not a power of two (past 8 ranks, only with
-///   a rank per node);
+///   node and on rank counts that are not a power of two (on one node, or with a
+///   rank per node past 8 ranks; never over nodes of several ranks);
 /// - native: after the check, MPI's own MPI_Iallreduce;
 /// - rank_ordered (rank_ordered.hpp): after the check, the direct exchange: each
 ///   block straight to its owner, reduced there in rank order, then straight to
@@ -234,7 +234,8 @@ inline constexpr std::size_t pair_halving_max_bytes = 16 * 1024;
 inline constexpr std::size_t node_halving_max_bytes = 64 * 1024;
 /// A rank per node, a rank count not a power of two: recursive halving below this
 /// many bytes, MPI's own from there. (A power of two, or nodes of several ranks:
-/// the halving at every size, but for 3 to 8 ranks of a node each, below.)
+/// the halving at every size, but for 3 to 8 ranks of a node each and on two
+/// nodes whose second holds one rank, below.)
 inline constexpr std::size_t odd_halving_max_bytes = 64 * 1024;
 
 /// A rank per node, 3 to this many ranks: the direct exchange from ...
@@ -249,8 +250,8 @@ inline constexpr std::size_t few_nodes_scatter_direct_min_bytes = 256 * 1024;
 /// only its share. Over MPI's best (2026-12-06, the two-level platform with 2 to
 /// 16 ranks placed on each host, 3 to 17 ranks): at 3, 5, 7, 9 and 17 ranks from
 /// 128 KiB to 4 MiB MPI's own led in every cell, 0.38-0.98x against the halving's
-/// 0.52-1.88x (up to 110 KiB by factors of 1.1 the halving 0.92-1.02x, MPI's own
-/// 1.05-1.34x; between, at 117 KiB, either leads); at 4, 8 and 16 ranks the
+/// 0.52-1.88x (at 64 KiB and from 80 to 110 KiB by factors of 1.1 the halving
+/// 0.92-1.06x, MPI's own 1.05-1.40x; at 117 KiB either leads); at 4, 8 and 16 ranks the
 /// halving led at 128 KiB (0.53-0.55x against 0.57-0.71x) and MPI's own from 256
 /// KiB (0.31-1.06x against 0.51-1.60x; but at 4 ranks and 256 KiB 0.60 against
 /// 0.56x). At 9 ranks and 16 and 64 MiB: 0.82 and 0.95x against 0.88 and 0.96x.
@@ -411,7 +412,8 @@ static_assert(nodes_all_gather_leader_max_bytes == nodes_all_gather_ring_max_blo
               "ring's each wait for a rendezvous from there");
 
 /// On two nodes whose second holds fewer than half a node (9 to 11 ranks on nodes
-/// of 8), recursive doubling runs up to the ring: two_level's check and its one
+/// of 8), recursive doubling runs up to the ring (MPI's own where the second holds
+/// one rank, below): two_level's check and its one
 /// leader gathering and handing out a whole node cost more than the fold. At 64
 /// KiB (2026-12-06): two_level 1.44-1.80x MPI's best, recursive doubling
 /// 1.11-1.33x (MPI's own 1.23-1.40x). With three or more nodes and a small last
@@ -439,7 +441,8 @@ constexpr bool half_second_node(int ranks, int node_ranks) noexcept {
 /// There the ring takes over from recursive doubling at this many bytes: at 10
 /// and 11 ranks recursive doubling went from 0.47 / 0.72x MPI's best at 103 KiB to
 /// 0.97 / 1.11x at 113 KiB, where the ring was 0.71 / 0.78x (at 9 ranks it held
-/// 0.43x to 113 KiB and was 0.97x at 125 KiB, the ring 0.78-0.79x).
+/// 0.43x to 113 KiB and was 0.97x at 125 KiB, the ring 0.78-0.79x; from there it
+/// now runs MPI's own, lone_second_node below).
 inline constexpr std::size_t small_second_node_ring_min_bytes = 112 * 1024;
 static_assert(nodes_all_gather_two_level_min_bytes < small_second_node_ring_min_bytes &&
                   small_second_node_ring_min_bytes <= nodes_all_gather_ring_min_bytes,
@@ -448,16 +451,22 @@ static_assert(nodes_all_gather_two_level_min_bytes < small_second_node_ring_min_
 // MPI's own from small_second_node_ring_min_bytes on, where the ring and
 // two_level run over other small second nodes. The lone rank's link carries only
 // its own traffic, which MPI's non-blocking all-gather posts at once, while the
-// ring's n - 1 steps and two_level's check and leaders each wait. Over MPI's best (2026-12-06, the
-// two-level platform with 3, 4, 6, 8 or 16 ranks placed on each host, 128 KiB to
-// 8 MiB by factors of 2, 9 ranks on nodes of 8 also by 1.25): MPI's own
+// ring's n - 1 steps and two_level's check and leaders each wait. Over MPI's best
+// (2026-12-06, the two-level platform with 3, 4, 6, 8 or 16 ranks placed on each
+// host, 128 KiB to 4 MiB by factors of 2, 9 ranks on nodes of 8 also by 1.25 from
+// 112 KiB and at 8, 16 and 64 MiB): MPI's own
 // 0.47-0.92x at 4, 5, 7, 9 and 17 ranks, where the tuning ran the ring
 // (0.68-1.47x) and two_level (0.81-1.29x). A second node of 2 (10 ranks on
 // nodes of 8, 18 on nodes of 16) keeps the ring and two_level: 0.61-0.95x against
 // MPI's own 0.54-1.05x.
-static_assert(lone_second_node(4, 3) && small_second_node(4, 3) && !lone_second_node(17, 8),
-              "from nodes of 3 a lone rank's node is a small second node (recursive "
-              "doubling below the ring's bound), and three nodes are not two");
+static_assert(small_second_node(nodes_all_gather_min_node_ranks + 1,
+                                nodes_all_gather_min_node_ranks) &&
+                  lone_second_node(nodes_all_gather_min_node_ranks + 1,
+                                   nodes_all_gather_min_node_ranks) &&
+                  !lone_second_node(17, 8),
+              "on the smallest nodes that take this rule a lone rank's node is a small "
+              "second node (recursive doubling below the ring's bound), so it is on "
+              "every larger one; three nodes are not two");
 
 /// The node-aware all_gather hands a node of at most this many ranks the result
 /// from its leader directly, a larger one down a binomial tree of its ranks. Over
@@ -590,7 +599,8 @@ constexpr algorithm all_reduce_by_size(std::size_t bytes, int ranks, bool one_no
 // Up to odd_some_ranks over nodes of several ranks (2026-12-06, the two-level
 // platform with 2, 3 or 4 ranks placed on each host: 3, 6 and 7 ranks on nodes
 // of 2, 5 and 6 on nodes of 3, 6 and 7 on nodes of 4; 32 KiB to 16 MiB by
-// factors of 4, every algorithm forced) the ring, which the size alone picks
+// factors of 4, 6 and 7 ranks on nodes of 2 by 8 from 8 B, every algorithm
+// forced) the ring, which the size alone picks
 // from odd_few_ring_min_bytes or odd_some_ring_min_bytes, was 1.12-2.45x MPI's
 // best where it ran, for the same reason, but for 3 ranks at 128 KiB (1.00x) and
 // 6 on nodes of 2 at 16 MiB (0.84x). There, on two nodes, two_level was
