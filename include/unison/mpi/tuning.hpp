@@ -61,12 +61,17 @@ constexpr int nodes_of(int ranks, int node_ranks) noexcept {
 constexpr int last_node_ranks(int ranks, int node_ranks) noexcept {
     return ranks % node_ranks;
 }
+/// The ranks on the second node when they fill exactly two nodes of several ranks
+/// and the second is not full; else 0.
+constexpr int second_node_ranks(int ranks, int node_ranks) noexcept {
+    return node_ranks > 1 && nodes_of(ranks, node_ranks) == 2 ? last_node_ranks(ranks, node_ranks)
+                                                              : 0;
+}
 /// Whether they fill two nodes, the second holding one rank: that rank's link
 /// carries its own traffic alone (the reduce_scatter and the all_gather then run
 /// MPI's own from some size on).
 constexpr bool lone_second_node(int ranks, int node_ranks) noexcept {
-    return node_ranks > 1 && nodes_of(ranks, node_ranks) == 2 &&
-           last_node_ranks(ranks, node_ranks) == 1;
+    return second_node_ranks(ranks, node_ranks) == 1;
 }
 
 // Recursive doubling moves the whole buffer log2(n) times in log2(n) messages (three
@@ -247,13 +252,13 @@ inline constexpr std::size_t few_nodes_scatter_direct_min_bytes = 256 * 1024;
 /// this many bytes, MPI's own from there (twice as many for a power of two ranks,
 /// which fold nothing). The halving's fold (or, for a power of two, its steps)
 /// sends whole halves through the lone rank's one link, where MPI's own sends it
-/// only its share. Over MPI's best (2026-12-06, the two-level platform with 2 to
-/// 16 ranks placed on each host, 3 to 17 ranks): at 3, 5, 7, 9 and 17 ranks from
-/// 128 KiB to 4 MiB MPI's own led in every cell, 0.38-0.98x against the halving's
+/// only its share. Over MPI's best (2026-12-06, the two-level platform with 2 to 16
+/// ranks placed on each host, 3 to 17 ranks): at 3, 5, 7, 9 and 17 ranks from 128
+/// KiB to 4 MiB MPI's own led in every cell, 0.38-0.98x against the halving's
 /// 0.52-1.88x (at 64 KiB and from 80 to 110 KiB by factors of 1.1 the halving
-/// 0.92-1.06x, MPI's own 1.05-1.40x; at 117 KiB either leads); at 4, 8 and 16 ranks the
-/// halving led at 128 KiB (0.53-0.55x against 0.57-0.71x) and MPI's own from 256
-/// KiB (0.31-1.06x against 0.51-1.60x; but at 4 ranks and 256 KiB 0.60 against
+/// 0.92-1.06x, MPI's own 1.05-1.40x; at 117 KiB either leads); at 4, 8 and 16 ranks
+/// the halving led at 128 KiB (0.53-0.55x against 0.57-0.71x) and MPI's own from
+/// 256 KiB (0.31-1.06x against 0.51-1.60x; but at 4 ranks and 256 KiB 0.60 against
 /// 0.56x). At 9 ranks and 16 and 64 MiB: 0.82 and 0.95x against 0.88 and 0.96x.
 inline constexpr std::size_t lone_node_scatter_halving_max_bytes = 128 * 1024;
 constexpr std::size_t lone_node_scatter_native_from(int ranks) noexcept {
@@ -413,15 +418,15 @@ static_assert(nodes_all_gather_leader_max_bytes == nodes_all_gather_ring_max_blo
 
 /// On two nodes whose second holds fewer than half a node (9 to 11 ranks on nodes
 /// of 8), recursive doubling runs up to the ring (MPI's own where the second holds
-/// one rank, below): two_level's check and its one
-/// leader gathering and handing out a whole node cost more than the fold. At 64
-/// KiB (2026-12-06): two_level 1.44-1.80x MPI's best, recursive doubling
-/// 1.11-1.33x (MPI's own 1.23-1.40x). With three or more nodes and a small last
-/// one (17, 18, 25, 26, 33 ranks) both were within 1.02x at 64 KiB and two_level
-/// ahead at 128 KiB, so those keep the full nodes' rule.
+/// one rank, below): two_level's check and its one leader gathering and handing out
+/// a whole node cost more than the fold. At 64 KiB (2026-12-06): two_level
+/// 1.44-1.80x MPI's best, recursive doubling 1.11-1.33x (MPI's own 1.23-1.40x).
+/// With three or more nodes and a small last one (17, 18, 25, 26, 33 ranks) both
+/// were within 1.02x at 64 KiB and two_level ahead at 128 KiB, so those keep the
+/// full nodes' rule.
 constexpr bool small_second_node(int ranks, int node_ranks) noexcept {
-    const int last = node_ranks > 1 ? last_node_ranks(ranks, node_ranks) : 0;
-    return last != 0 && nodes_of(ranks, node_ranks) == 2 && 2 * last < node_ranks;
+    const int second = second_node_ranks(ranks, node_ranks);
+    return second != 0 && 2 * second < node_ranks;
 }
 /// On two nodes of at most this many ranks whose second holds half a node (12
 /// ranks on nodes of 8, 6 on nodes of 4), recursive doubling runs until the ring
@@ -434,9 +439,8 @@ constexpr bool small_second_node(int ranks, int node_ranks) noexcept {
 /// of 6 (9 ranks) take the rule without a measurement.
 inline constexpr int half_second_node_max_ranks = 8;
 constexpr bool half_second_node(int ranks, int node_ranks) noexcept {
-    const int last = node_ranks > 1 ? last_node_ranks(ranks, node_ranks) : 0;
-    return last != 0 && node_ranks <= half_second_node_max_ranks &&
-           nodes_of(ranks, node_ranks) == 2 && 2 * last == node_ranks;
+    const int second = second_node_ranks(ranks, node_ranks);
+    return second != 0 && node_ranks <= half_second_node_max_ranks && 2 * second == node_ranks;
 }
 /// There the ring takes over from recursive doubling at this many bytes: at 10
 /// and 11 ranks recursive doubling went from 0.47 / 0.72x MPI's best at 103 KiB to
@@ -448,17 +452,16 @@ static_assert(nodes_all_gather_two_level_min_bytes < small_second_node_ring_min_
                   small_second_node_ring_min_bytes <= nodes_all_gather_ring_min_bytes,
               "the ring comes no later on a small second node than on full ones");
 // On two nodes whose second holds one rank (lone_second_node) the all_gather runs
-// MPI's own from small_second_node_ring_min_bytes on, where the ring and
-// two_level run over other small second nodes. The lone rank's link carries only
-// its own traffic, which MPI's non-blocking all-gather posts at once, while the
-// ring's n - 1 steps and two_level's check and leaders each wait. Over MPI's best
-// (2026-12-06, the two-level platform with 3, 4, 6, 8 or 16 ranks placed on each
-// host, 128 KiB to 4 MiB by factors of 2, 9 ranks on nodes of 8 also by 1.25 from
-// 112 KiB and at 8, 16 and 64 MiB): MPI's own
-// 0.47-0.92x at 4, 5, 7, 9 and 17 ranks, where the tuning ran the ring
-// (0.68-1.47x) and two_level (0.81-1.29x). A second node of 2 (10 ranks on
-// nodes of 8, 18 on nodes of 16) keeps the ring and two_level: 0.61-0.95x against
-// MPI's own 0.54-1.05x.
+// MPI's own from small_second_node_ring_min_bytes on, where the ring and two_level
+// run over other small second nodes. The lone rank's link carries only its own
+// traffic, which MPI's non-blocking all-gather posts at once, while the ring's
+// n - 1 steps and two_level's check and leaders each wait. Over MPI's best (2026-12-06,
+// the two-level platform with 3, 4, 6, 8 or 16 ranks placed on each host, 128 KiB
+// to 4 MiB by factors of 2, 9 ranks on nodes of 8 also by 1.25 from 112 KiB and at
+// 8, 16 and 64 MiB): MPI's own 0.47-0.92x at 4, 5, 7, 9 and 17 ranks, where the
+// tuning ran the ring (0.68-1.47x) and two_level (0.81-1.29x). A second node of 2
+// (10 ranks on nodes of 8, 18 on nodes of 16) keeps the ring and two_level:
+// 0.61-0.95x against MPI's own 0.54-1.05x.
 static_assert(small_second_node(nodes_all_gather_min_node_ranks + 1,
                                 nodes_all_gather_min_node_ranks) &&
                   lone_second_node(nodes_all_gather_min_node_ranks + 1,
@@ -597,18 +600,18 @@ constexpr algorithm all_reduce_by_size(std::size_t bytes, int ranks, bool one_no
 // over nodes of several ranks, Rabenseifner's from two_level_max_bytes.
 //
 // Up to odd_some_ranks over nodes of several ranks (2026-12-06, the two-level
-// platform with 2, 3 or 4 ranks placed on each host: 3, 6 and 7 ranks on nodes
-// of 2, 5 and 6 on nodes of 3, 6 and 7 on nodes of 4; 32 KiB to 16 MiB by
-// factors of 4, 6 and 7 ranks on nodes of 2 by 8 from 8 B, every algorithm
-// forced) the ring, which the size alone picks
-// from odd_few_ring_min_bytes or odd_some_ring_min_bytes, was 1.12-2.45x MPI's
-// best where it ran, for the same reason, but for 3 ranks at 128 KiB (1.00x) and
-// 6 on nodes of 2 at 16 MiB (0.84x). There, on two nodes, two_level was
-// 0.93-1.07x (its leaders exchange the buffer once, without the ring's steps) and
-// Rabenseifner's 1.01-2.56x (a fold, the halves crossing between the nodes at
-// every step); on 3 and 4 nodes (6 and 7 ranks on nodes of 2) Rabenseifner's
-// 0.63-1.03x, two_level 0.79-1.24x (log2 of the nodes whole-buffer steps). So
-// there the ring gives way to two_level on two nodes, Rabenseifner's on more.
+// platform with 2, 3 or 4 ranks placed on each host: 3, 6 and 7 ranks on nodes of
+// 2, 5 and 6 on nodes of 3, 6 and 7 on nodes of 4; 32 KiB to 16 MiB by factors of
+// 4, 6 and 7 ranks on nodes of 2 by 8 from 8 B, every algorithm forced) the ring,
+// which the size alone picks from odd_few_ring_min_bytes or
+// odd_some_ring_min_bytes, was 1.12-2.45x MPI's best where it ran, for the same
+// reason, but for 3 ranks at 128 KiB (1.00x) and 6 on nodes of 2 at 16 MiB (0.84x).
+// There, on two nodes, two_level was 0.93-1.07x (its leaders exchange the buffer
+// once, without the ring's steps) and Rabenseifner's 1.01-2.56x (a fold, the halves
+// crossing between the nodes at every step); on 3 and 4 nodes (6 and 7 ranks on
+// nodes of 2) Rabenseifner's 0.63-1.03x, two_level 0.79-1.24x (log2 of the nodes
+// whole-buffer steps). So there the ring gives way to two_level on two nodes,
+// Rabenseifner's on more.
 
 /// Several nodes holding more than one rank each: two_level where recursive
 /// doubling would run, from this many bytes on 2 nodes ...
