@@ -199,9 +199,9 @@ public:
                 return false;
             }
             if (!poisoned.empty()) { // a call queued before this one failed meanwhile
-                finish(t, std::make_exception_ptr(
-                              error(rank, t.label,
-                                    "not run: this communicator is unusable since " + poisoned)));
+                std::exception_ptr e = std::make_exception_ptr(error( // see work()
+                    rank, t.label, "not run: this communicator is unusable since " + poisoned));
+                finish(t, std::move(e));
                 return true;
             }
             busy = true;
@@ -232,11 +232,14 @@ private:
                 busy = true;
                 broken = stopping ? "it was destroyed with the call still queued" : poisoned;
             }
-            finish(*t, broken.empty()
-                           ? run(*t)
-                           : std::make_exception_ptr(
-                                 error(rank, t->label,
-                                       "not run: this communicator is unusable since " + broken)));
+            // The error is made in its own statement: a temporary would share its
+            // message buffer with the caller's copy and die after finish() hands it over.
+            std::exception_ptr e =
+                broken.empty() ? run(*t)
+                               : std::make_exception_ptr(error(
+                                     rank, t->label,
+                                     "not run: this communicator is unusable since " + broken));
+            finish(*t, std::move(e));
             {
                 std::lock_guard lock(mutex);
                 busy = false;

@@ -111,10 +111,12 @@ public:
                                              std::to_string(p.source) + " sent " +
                                              describe(p.count, p.type);
                     const char* field = p.type != call.type ? "dtype" : "count";
-                    p.record->engine->complete(
-                        p.record, std::make_exception_ptr(mismatch_error(
-                                      p.source, "send to rank " + std::to_string(rank_), what,
-                                      rank_, field)));
+                    // Made in its own statement: the temporary error shares its message
+                    // buffer with the copy the sender rethrows, so it must be gone before
+                    // complete() hands that copy over.
+                    std::exception_ptr to_sender = std::make_exception_ptr(mismatch_error(
+                        p.source, "send to rank " + std::to_string(rank_), what, rank_, field));
+                    p.record->engine->complete(p.record, std::move(to_sender));
                     throw mismatch_error(rank_, label, what, p.source, field);
                 }
                 copy_bytes(call.recv, p.data, p.count * size_of(p.type));
