@@ -369,9 +369,12 @@ MODELS = {
 }
 
 
-def check_against_simulation(path, t, ranks_fit, drift_only=False):
+def check_against_simulation(path, t, ranks_fit, drift_only=False, node_ranks_two_level=8):
     """a, b fitted to the simulation's automatic rows at the smallest rank count
-    (flat platform), then every row at the other counts predicted from them."""
+    (flat platform), then every row at the other counts predicted from them. The
+    CSV does not say how many ranks a two_level node held: node_ranks_two_level
+    (simulate.sh's --node-ranks, 8 unless it was given)."""
+    node_ranks_of = dict(PLATFORM_NODE_RANKS, two_level=node_ranks_two_level)
     rows, checked = [], []
     with open(path, encoding="utf-8") as f:
         for r in csv.DictReader(f):
@@ -380,7 +383,7 @@ def check_against_simulation(path, t, ranks_fit, drift_only=False):
             if r["algorithm"] != "automatic":
                 continue
             row = (int(r["ranks"]), int(r["bytes"]), r["chosen"], float(r["us"]) * 1e-6)
-            node_ranks = PLATFORM_NODE_RANKS.get(r["platform"], 1)
+            node_ranks = node_ranks_of.get(r["platform"], 1)
             checked.append((r["platform"], node_ranks) + row)
             if r["platform"] == "flat":
                 rows.append(row)
@@ -431,7 +434,8 @@ def check_against_simulation(path, t, ranks_fit, drift_only=False):
 def scale(args):
     t = read_tuning(os.path.join(HERE, "..", "..", "include", "unison", "mpi", "tuning.hpp"))
     if args.check:
-        net = check_against_simulation(args.check, t, args.fit_ranks, args.drift_only)
+        net = check_against_simulation(args.check, t, args.fit_ranks, args.drift_only,
+                                       args.node_ranks)
     elif args.latency_us is not None and args.gbps is not None:
         net = network(args.latency_us * 1e-6, args.gbps * 1e9)
     else:
@@ -483,6 +487,9 @@ def main():
     p.add_argument("--check", help="--scale: a simulate.sh CSV to fit a, b to and check")
     p.add_argument("--fit-ranks", type=int, help="--check: the rank count to fit at "
                    "[the smallest]")
+    p.add_argument("--node-ranks", type=int, default=PLATFORM_NODE_RANKS["two_level"],
+                   help="--check: ranks per node of the two_level rows, as simulate.sh's "
+                   "--node-ranks [8]")
     p.add_argument("--drift-only", action="store_true",
                    help="--check: only compare the algorithms chosen with this model's "
                    "mirror of the tuning; exit status 1 when they differ")

@@ -193,11 +193,13 @@ PY
 # The simulation harness (bench/simulation/simulate.sh) at a small scale: every
 # all-reduce algorithm on a flat and a two-level cluster, at 3, 4, 5 and 10 ranks
 # (groups of three and five: 10 ranks halve within each fifth first), the
-# reduce_scatter and all_gather at 4, 5 and 10, and the engines' driver (engine_sim)
-# at 3, each result checked; skipped (77, simulate.sh says why) where SimGrid is not
-# installed. ARGS: build directory, cost_model.py.
+# reduce_scatter and all_gather at 4, 5 and 10, the engines' driver (engine_sim) at
+# 3, and the tuning's choice on nodes of 3 ranks at 4, 6 and 7, each result checked,
+# and cost_model.py's mirror of the tuning against every choice; skipped (77,
+# simulate.sh says why) where SimGrid is not installed. ARGS: build directory,
+# cost_model.py.
 simulation() {
-    local build=$1 cost_model=$2 out more rows c
+    local build=$1 cost_model=$2 out more nodes rows c
     out=$(UNISON_SIM_BUILD="$build" bash "$prog" -p "flat two_level" -n "3 4 5 10" -t 300 -- \
         -a all -b 8 -e 1M -f 16 -n 1 -w 0) || return $?
     echo "$out"
@@ -217,11 +219,20 @@ simulation() {
         -s 2 -w 1) || return $?
     echo "$more"
     ! grep -q ',wrong$' <<<"$more" && [ "$(grep -c ',ok$' <<<"$more")" -eq 4 ] || return 1
+    # Nodes of 3 ranks (--node-ranks): the all-reduce's rules for nodes not all full
+    # and for a few ranks over small nodes. 3 rank counts x 4 sizes x (the tuning's
+    # choice + MPI, then MPI under mpich).
+    nodes=$(UNISON_SIM_BUILD="$build" bash "$prog" -p two_level --node-ranks 3 -n "4 6 7" \
+        -t 300 -- -b 64K -e 4M -f 4 -n 1 -w 0) || return $?
+    echo "$nodes"
+    ! grep -q ',wrong$' <<<"$nodes" && [ "$(grep -c ',ok$' <<<"$nodes")" -eq 36 ] || return 1
     # bench/training/cost_model.py mirrors the tuning's rules: the algorithms it would pick are
     # the ones the C++ tuning ran.
     if command -v python3 >/dev/null; then
         echo "$out" >"$build/rows.csv"
-        python3 "$cost_model" --scale --check "$build/rows.csv" --drift-only
+        python3 "$cost_model" --scale --check "$build/rows.csv" --drift-only || return 1
+        echo "$nodes" >"$build/nodes.csv"
+        python3 "$cost_model" --scale --check "$build/nodes.csv" --drift-only --node-ranks 3
     fi
 }
 
