@@ -283,7 +283,8 @@ Defaults are nccl-tests 2.19's, so that its command lines give the same rows.
                              alternates which of the two goes first) [1]
       --algorithm <names>    -B mpi: force the all-reduce algorithm (automatic,
                              recursive_doubling, two_level, rabenseifner, ring,
-                             native, rank_ordered), or sweep a comma list or all:
+                             native, rank_ordered, neighbour_exchange), or sweep
+                             a comma list or all:
                              a run each, one after another (native and rank_ordered
                              force the reduce_scatter's too). The text header and
                              the records' algorithm field say which ran at each
@@ -775,7 +776,7 @@ inline bench_config parse_command_line(int argc, const char* const* argv) {
                 if (!named) {
                     throw bad("a list of all-reduce algorithms (automatic, "
                               "recursive_doubling, two_level, rabenseifner, ring, native, "
-                              "rank_ordered) or all");
+                              "rank_ordered, neighbour_exchange) or all");
                 }
                 cfg.algorithms = *named;
             } else if (spec->long_name == "rounds") {

@@ -12,8 +12,8 @@
 // MPI_Allgather the MPI's calls). A forced algorithm reaches the reduce_scatter
 // and the all_gather as comm_options::all_reduce_algorithm does (those each
 // takes, mpi/tuning.hpp: rabenseifner, native and rank_ordered for the
-// reduce_scatter, recursive_doubling, two_level, ring and native for the
-// all_gather; the rest leave the tuning's choice).
+// reduce_scatter, recursive_doubling, two_level, ring, neighbour_exchange and
+// native for the all_gather; the rest leave the tuning's choice).
 //
 // For each size, each of unison's algorithms named by -a (automatic, the tuning's
 // choice, by default; `all` for every one, `none` for MPI's alone) and then

@@ -50,7 +50,8 @@ def main():
             ratio[key] = us / min(mpi[key].values())
     platforms = sorted({k[0] for k in ratio})
     short = {"recursive_doubling": "rd", "two_level": "2lvl", "rabenseifner": "rab",
-             "ring": "ring", "native": "mpi", "rank_ordered": "direct"}
+             "ring": "ring", "native": "mpi", "rank_ordered": "direct",
+             "neighbour_exchange": "nx"}
     for p in platforms:
         ranks = sorted({k[1] for k in ratio if k[0] == p})
         sizes = sorted({k[2] for k in ratio if k[0] == p})

@@ -176,7 +176,7 @@ algorithm_sweep_mpi() {
 import csv, io, sys
 rows = [r for r in csv.DictReader(io.StringIO(sys.argv[1])) if r["table"] == "unison"]
 names = ["automatic", "recursive_doubling", "two_level", "rabenseifner", "ring", "native",
-         "rank_ordered"]
+         "rank_ordered", "neighbour_exchange"]
 assert len(rows) == 3 * len(names), len(rows)
 for k, name in enumerate(names):
     ran = [r["algorithm"] for r in rows[3 * k:3 * k + 3]]
@@ -204,8 +204,8 @@ simulation() {
         -a all -b 8 -e 1M -f 16 -n 1 -w 0) || return $?
     echo "$out"
     rows=$(grep -c ',ok$' <<<"$out")
-    # 2 platforms x 4 rank counts x 5 sizes x (7 algorithms + MPI, then MPI under mpich)
-    ! grep -q ',wrong$' <<<"$out" && [ "$rows" -eq 360 ] || return 1
+    # 2 platforms x 4 rank counts x 5 sizes x (8 algorithms + MPI, then MPI under mpich)
+    ! grep -q ',wrong$' <<<"$out" && [ "$rows" -eq 400 ] || return 1
     # The reduce_scatter and the all_gather, checked the same way: 2 platforms x 3 rank
     # counts x 4 sizes x (the tuning's choice + MPI, then MPI under mpich) each.
     for c in reduce_scatter all_gather; do

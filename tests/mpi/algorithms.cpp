@@ -58,10 +58,10 @@ unison::mpi_communicator on_nodes(unison::algorithm a, int ranks_per_node) {
 }
 
 constexpr unison::algorithm forced_algorithms[] = {
-    unison::algorithm::automatic,   unison::algorithm::recursive_doubling,
-    unison::algorithm::two_level,   unison::algorithm::rabenseifner,
-    unison::algorithm::ring,        unison::algorithm::native,
-    unison::algorithm::rank_ordered};
+    unison::algorithm::automatic,    unison::algorithm::recursive_doubling,
+    unison::algorithm::two_level,    unison::algorithm::rabenseifner,
+    unison::algorithm::ring,         unison::algorithm::native,
+    unison::algorithm::rank_ordered, unison::algorithm::neighbour_exchange};
 
 template <class T>
 void check_algorithm(unison::mpi_communicator& comm) {
@@ -226,8 +226,9 @@ TEST_CASE("mpi reduce_scatter: recursive halving checks the call and loses nothi
 }
 
 TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
-    // recursive_doubling (the call check riding every message), the ring, two_level
-    // (the node-aware one) and native (MPI's own) after the check, forced, and the
+    // recursive_doubling (the call check riding every message), the ring, the
+    // neighbour exchange (the ring at 3 ranks), two_level (the node-aware one) and
+    // native (MPI's own) after the check, forced, and the
     // tuning's choice, on one node and with every 3 ranks taken as a node (where at
     // 4 ranks, a node of 3 and one of 1, the tuning runs recursive doubling up to
     // 2000 doubles and MPI's own from 5000: a lone rank on a second node) and every
@@ -239,12 +240,12 @@ TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
         unison::algorithm a;
         int ranks_per_node;
     };
-    for (run r :
-         {run{unison::algorithm::automatic, 0}, run{unison::algorithm::recursive_doubling, 0},
-          run{unison::algorithm::ring, 0}, run{unison::algorithm::native, 0},
-          run{unison::algorithm::two_level, 0}, run{unison::algorithm::automatic, 2},
-          run{unison::algorithm::automatic, 3}, run{unison::algorithm::two_level, 1},
-          run{unison::algorithm::two_level, 2}, run{unison::algorithm::two_level, 3}}) {
+    for (run r : {run{unison::algorithm::automatic, 0},
+                  run{unison::algorithm::recursive_doubling, 0}, run{unison::algorithm::ring, 0},
+                  run{unison::algorithm::neighbour_exchange, 0}, run{unison::algorithm::native, 0},
+                  run{unison::algorithm::two_level, 0}, run{unison::algorithm::automatic, 2},
+                  run{unison::algorithm::automatic, 3}, run{unison::algorithm::two_level, 1},
+                  run{unison::algorithm::two_level, 2}, run{unison::algorithm::two_level, 3}}) {
         const unison::algorithm a = r.a;
         CAPTURE(unison::to_string(a));
         CAPTURE(r.ranks_per_node);
@@ -254,6 +255,8 @@ TEST_CASE("mpi all_gather: every algorithm gives every rank's block") {
         for (std::size_t probe : {1000 * ranks * sizeof(double), 70001 * ranks * sizeof(double)}) {
             CHECK(comm.all_gather_algorithm(probe) ==
                   (n == 1 ? unison::algorithm::native
+                   : a == unison::algorithm::neighbour_exchange
+                       ? (n % 2 == 0 ? a : unison::algorithm::ring)
                    : a != unison::algorithm::automatic
                        ? a
                        : unison::mpi_tuning::all_gather(probe, n, comm.node_ranks())));
@@ -307,10 +310,11 @@ TEST_CASE("mpi all_gather: every algorithm checks the call and loses nothing") {
     // Rank n-1, or rank 0 (which folds in at 3 ranks), passes a larger block (one
     // element more, or three times as many; tuned on one node, 800 floats per rank
     // take recursive doubling and the triple MPI's own at 2-4 ranks): every rank
-    // hears of it, and no output is written. The ring and two_level (over nodes of
-    // 2) check before they move data.
+    // hears of it, and no output is written. The ring, the neighbour exchange and
+    // two_level (over nodes of 2) check before they move data.
     for (unison::algorithm a : {unison::algorithm::recursive_doubling, unison::algorithm::automatic,
-                                unison::algorithm::ring, unison::algorithm::two_level}) {
+                                unison::algorithm::ring, unison::algorithm::neighbour_exchange,
+                                unison::algorithm::two_level}) {
         auto comm = a == unison::algorithm::two_level ? on_nodes(a, 2) : forced(a);
         const int rank = comm.rank(), n = comm.size();
         if (n < 2) {
@@ -501,7 +505,8 @@ TEST_CASE("mpi collectives: every algorithm, wherever the buffers sit in their c
                 }
                 // all_gather (recursive doubling gathers in scratch), out of place
                 if (a == unison::algorithm::automatic ||
-                    a == unison::algorithm::recursive_doubling || a == unison::algorithm::ring) {
+                    a == unison::algorithm::recursive_doubling || a == unison::algorithm::ring ||
+                    a == unison::algorithm::neighbour_exchange) {
                     ++seed;
                     auto mine = placed(in_backing, count, in_at);
                     auto all = placed(out_backing, count * ranks, out_at);
@@ -637,7 +642,8 @@ TEST_CASE("mpi all-reduce: ranks forcing different algorithms are refused before
         {algorithm::native, algorithm::rabenseifner},
         {algorithm::two_level, algorithm::recursive_doubling},
         {algorithm::recursive_doubling, algorithm::two_level},
-        {algorithm::automatic, algorithm::ring}};
+        {algorithm::automatic, algorithm::ring},
+        {algorithm::neighbour_exchange, algorithm::ring}};
     for (const auto& pair : pairs) { // not a structured binding: Clang 14's CAPTURE cannot take one
         const algorithm first = pair.first, others = pair.second;
         CAPTURE(unison::to_string(first));

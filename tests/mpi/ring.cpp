@@ -89,8 +89,10 @@ TEST_CASE("mpi ring: segmented steps give the serial result, in place and out of
             }
             for (unison::reduce_op op :
                  {unison::reduce_op::sum, unison::reduce_op::avg, unison::reduce_op::max}) {
-                for (bool in_place : {false, true}) {
+                for (int form = 0; form < 4; ++form) {
+                    const bool in_place = (form & 1) != 0, exchange = (form & 2) != 0;
                     CAPTURE(count);
+                    CAPTURE(exchange);
                     CAPTURE(segment_bytes);
                     CAPTURE(unison::to_string(op));
                     CAPTURE(in_place);
@@ -107,7 +109,7 @@ TEST_CASE("mpi ring: segmented steps give the serial result, in place and out of
                     call.reduction = op;
                     const unison::detail::call_label label{unison::operation::all_reduce, sequence};
                     unison::detail::mpi_ring_allreduce ring(comm, rank, n, call, label, sequence,
-                                                            {}, segment_bytes);
+                                                            {}, exchange, segment_bytes);
                     ++sequence;
                     REQUIRE(drive(ring, scratch));
 
@@ -162,8 +164,12 @@ TEST_CASE("mpi ring: runs of several tensors give the serial result, message lim
             if (segment_bytes == 4 && count > 5000) {
                 continue; // one message per element: slow
             }
-            for (unison::reduce_op op : {unison::reduce_op::sum, unison::reduce_op::avg}) {
+            for (int form = 0; form < 2; ++form) {
+                const unison::reduce_op op =
+                    form == 0 ? unison::reduce_op::sum : unison::reduce_op::avg;
+                const bool exchange = form == 1;
                 CAPTURE(count);
+                CAPTURE(exchange);
                 CAPTURE(sizes.size());
                 CAPTURE(segment_bytes);
                 CAPTURE(unison::to_string(op));
@@ -188,7 +194,8 @@ TEST_CASE("mpi ring: runs of several tensors give the serial result, message lim
                 const unison::detail::call_label label{unison::operation::all_reduce, sequence};
                 unison::detail::mpi_ring_allreduce ring(
                     comm, rank, n, call, label, sequence,
-                    std::span<const unison::detail::mpi_ring_extent>(extents), segment_bytes);
+                    std::span<const unison::detail::mpi_ring_extent>(extents), exchange,
+                    segment_bytes);
                 ++sequence;
                 REQUIRE(drive(ring, scratch));
 
@@ -210,6 +217,58 @@ TEST_CASE("mpi ring: runs of several tensors give the serial result, message lim
                             first_wrong = first_wrong < at ? first_wrong : at;
                         }
                         ++at;
+                    }
+                }
+                CHECK_MESSAGE(wrong == 0, wrong, " wrong, the first at ", first_wrong);
+            }
+        }
+    }
+}
+
+TEST_CASE("mpi ring all_gather: the ring and the neighbour exchange give every block, cut or "
+          "whole") {
+    // Driven directly with small message limits, so that the ring's blocks and the
+    // neighbour exchange's pairs of blocks go as several messages, cut inside a block
+    // and (a pair) across the edge between its two. At an odd rank count the
+    // neighbour exchange is the ring; at 2 ranks its one step is the ring's.
+    const world w;
+    MPI_Comm comm = w.comm;
+    const int rank = w.rank, n = w.size;
+    std::uint64_t sequence = 0;
+    for (std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{1031}}) {
+        for (std::size_t segment_bytes : {std::size_t{4}, std::size_t{12}, std::size_t{1000},
+                                          unison::detail::mpi_ring_segment_bytes}) {
+            for (int form = 0; form < 4; ++form) {
+                const bool in_place = (form & 1) != 0, exchange = (form & 2) != 0;
+                CAPTURE(count);
+                CAPTURE(segment_bytes);
+                CAPTURE(in_place);
+                CAPTURE(exchange);
+                const std::uint64_t seed = sequence * 7919 + 5;
+                const auto ranks = static_cast<std::size_t>(n);
+                std::vector<float> mine(count), all(count * ranks, -1.0f);
+                for (std::size_t i = 0; i < count; ++i) {
+                    mine[i] = value(rank, i, seed);
+                }
+                float* in = mine.data();
+                if (in_place) {
+                    in = all.data() + static_cast<std::size_t>(rank) * count;
+                    std::copy(mine.begin(), mine.end(), in);
+                }
+                unison::collective_call call{unison::operation::all_gather, in, all.data(), count};
+                call.type = unison::dtype::f32;
+                const unison::detail::call_label label{unison::operation::all_gather, sequence};
+                unison::detail::mpi_ring_allreduce ring(
+                    unison::detail::mpi_ring_allreduce::all_gather, comm, rank, n, call, label,
+                    sequence, exchange, segment_bytes);
+                ++sequence;
+                std::vector<std::byte> scratch;
+                REQUIRE(drive(ring, scratch));
+                std::size_t wrong = 0, first_wrong = all.size();
+                for (std::size_t k = 0; k < all.size(); ++k) {
+                    if (all[k] != value(static_cast<int>(k / count), k % count, seed)) {
+                        ++wrong;
+                        first_wrong = std::min(first_wrong, k);
                     }
                 }
                 CHECK_MESSAGE(wrong == 0, wrong, " wrong, the first at ", first_wrong);

@@ -222,6 +222,11 @@ TEST_CASE("mpi tuning: a forced algorithm wins over the tuning, but not for one 
               (a == algorithm::automatic ? unison::mpi_tuning::all_reduce(1 << 20, 8, 1) : a));
         CHECK(unison::mpi_all_reduce_algorithm(a, 1 << 20, 1, 1) == algorithm::recursive_doubling);
     }
+    // The neighbour exchange pairs ranks: an odd count runs, and says, the ring.
+    CHECK(unison::mpi_all_reduce_algorithm(algorithm::neighbour_exchange, 1 << 20, 7, 1) ==
+          algorithm::ring);
+    CHECK(unison::mpi_all_reduce_algorithm(algorithm::neighbour_exchange, 1 << 20, 2, 2) ==
+          algorithm::neighbour_exchange);
 }
 
 TEST_CASE("deterministic: UNISON_DETERMINISTIC turns it on, and MPI then runs rank_ordered") {
@@ -354,7 +359,7 @@ TEST_CASE("mpi tuning: the reduce_scatter halves small buffers on one node and m
 }
 
 TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers, two_level and "
-          "the ring over nodes of several ranks, MPI's own for the rest; any of four when forced") {
+          "the ring over nodes of several ranks, MPI's own for the rest; any of five when forced") {
     using unison::algorithm;
     namespace tuning = unison::mpi_tuning;
     // node_ranks: the most ranks on one node (ranks: one node; 1: a rank per node).
@@ -538,11 +543,14 @@ TEST_CASE("mpi tuning: the all_gather runs recursive doubling for small buffers,
               (bytes / 1024 <= block ? algorithm::recursive_doubling : algorithm::native));
     }
     for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20}) {
-        for (algorithm forced : {algorithm::recursive_doubling, algorithm::two_level,
-                                 algorithm::ring, algorithm::native}) {
+        for (algorithm forced :
+             {algorithm::recursive_doubling, algorithm::two_level, algorithm::ring,
+              algorithm::native, algorithm::neighbour_exchange}) {
             CHECK(unison::mpi_all_gather_algorithm(forced, bytes, 8, 1) == forced);
             CHECK(unison::mpi_all_gather_algorithm(forced, bytes, 8, 8) == forced);
         }
+        CHECK(unison::mpi_all_gather_algorithm(algorithm::neighbour_exchange, bytes, 9, 3) ==
+              algorithm::ring);
         // The reductions' other algorithms leave the all_gather to the tuning.
         for (algorithm other : {algorithm::rabenseifner, algorithm::rank_ordered}) {
             CHECK(unison::mpi_all_gather_algorithm(other, bytes, 8, 1) == tuned(bytes, 8, 1));

@@ -23,7 +23,8 @@ namespace unison {
 /// m b (n-1)/n), two_level (each node's blocks to its lowest rank, those exchanging
 /// whole nodes in ceil(log2(n/k)) steps, each sending its node the rest: 2 (a' +
 /// m b') + ceil(log2(n/k)) a + m b (n-k)/n over the network), ring's second half
-/// ((n-1) (a + m b / n)) or native; forcing one of those forces it there too.
+/// ((n-1) (a + m b / n)), neighbour_exchange's or native; forcing one of those
+/// forces it there too.
 enum class algorithm : unsigned char {
     automatic, ///< the backend's tuning picks one by size and rank count
     /// log2(n) exchanges of the whole buffer: log2(n) (a + m b); on the MPI backend,
@@ -49,13 +50,20 @@ enum class algorithm : unsigned char {
     /// all-reduce of comm_options::deterministic: the same bits whatever the size,
     /// the bucketing or the backend; the MPI tuning's for larger buffers on few ranks.
     rank_ordered,
+    /// the ring's reduce-scatter, then an all-gather in which each rank swaps its
+    /// block with rank ^ 1 and then trades the two blocks it received last,
+    /// alternately with the neighbour outside that pair and with its partner: n / 2
+    /// steps for the ring's n - 1, (3n/2 - 1) a + 2 m b (n-1)/n in all, and both
+    /// directions of every link busy. As the all_gather alone, n/2 a + m b (n-1)/n.
+    /// Even rank counts; an odd one runs (and reports) the ring.
+    neighbour_exchange,
 };
 
-inline constexpr std::array<algorithm, 7> all_algorithms = {
-    algorithm::automatic,   algorithm::recursive_doubling,
-    algorithm::two_level,   algorithm::rabenseifner,
-    algorithm::ring,        algorithm::native,
-    algorithm::rank_ordered};
+inline constexpr std::array<algorithm, 8> all_algorithms = {
+    algorithm::automatic,    algorithm::recursive_doubling,
+    algorithm::two_level,    algorithm::rabenseifner,
+    algorithm::ring,         algorithm::native,
+    algorithm::rank_ordered, algorithm::neighbour_exchange};
 
 /// The algorithm's name, as UNISON_ALGORITHM and the benchmarks spell it.
 constexpr std::string_view to_string(algorithm a) noexcept {
@@ -74,6 +82,8 @@ constexpr std::string_view to_string(algorithm a) noexcept {
         return "native";
     case algorithm::rank_ordered:
         return "rank_ordered";
+    case algorithm::neighbour_exchange:
+        return "neighbour_exchange";
     }
     return "?";
 }

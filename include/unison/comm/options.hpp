@@ -27,7 +27,8 @@ struct comm_options {
     /// The MPI backend's all-reduce algorithm: `automatic` lets its tuning choose by
     /// size and rank count (mpi/tuning.hpp); any other forces that one on every call
     /// (`native`, `rabenseifner` and `rank_ordered` force the reduce_scatter's too,
-    /// `native`, `recursive_doubling` and `ring` the all_gather's).
+    /// `native`, `recursive_doubling`, `two_level`, `ring` and `neighbour_exchange`
+    /// the all_gather's).
     /// Every rank must pass the same: the MPI communicator's constructor compares
     /// them (an `argument_error` on every rank naming one that differs), and each
     /// call's header carries it too. The thread and NCCL backends have one schedule

@@ -11,7 +11,8 @@
 /// small buffers, Rabenseifner's with the check riding its first steps, a ring
 /// (Open MPI 4.1's MPI_Iallreduce is markedly slower than its blocking MPI_Allreduce
 /// at a megabyte and up; the ring matches the latter), or on 3 to 8 nodes of a rank
-/// each the direct exchange (mpi/detail/rank_ordered.hpp); `native` runs MPI_Iallreduce.
+/// each the direct exchange (mpi/detail/rank_ordered.hpp); `native` runs MPI_Iallreduce,
+/// and `neighbour_exchange` (forced only) the ring with a shorter all-gather half.
 /// With comm_options::deterministic, all_reduce, reduce and reduce_scatter run the
 /// rank-ordered schedule at every size instead; a reduce_scatter on one node runs it
 /// anyway (faster than Open MPI's own there).
@@ -128,8 +129,9 @@ public:
     }
 
     /// The algorithm an all_gather of `bytes` in all (count times the ranks) runs on
-    /// this communicator: recursive_doubling, two_level (node-aware), ring or native
-    /// (MPI's own), forced like the all-reduce's or the tuning's choice.
+    /// this communicator: recursive_doubling, two_level (node-aware), ring,
+    /// neighbour_exchange (forced only) or native (MPI's own), forced like the
+    /// all-reduce's or the tuning's choice.
     algorithm all_gather_algorithm(std::size_t bytes) const noexcept {
         return mpi_all_gather_algorithm(state_->forced, bytes, state_->size,
                                         state_->nodes.node_ranks);

@@ -775,15 +775,24 @@ constexpr algorithm mpi_reduce_scatter_algorithm(algorithm forced, std::size_t b
                : mpi_tuning::reduce_scatter(bytes, ranks, node_ranks);
 }
 
+/// The neighbour exchange over `ranks` ranks: itself at an even count, the ring
+/// (which it then runs) at an odd one.
+constexpr algorithm mpi_exchange_or_ring(int ranks) noexcept {
+    return ranks % 2 == 0 ? algorithm::neighbour_exchange : algorithm::ring;
+}
+
 /// The algorithm the MPI backend's all_gather of `bytes` in all runs over `ranks`
 /// ranks (`node_ranks`: the most of them on one node), `forced` being
-/// mpi_forced_algorithm's: recursive_doubling, two_level (node_all_gather.hpp), ring
-/// or native when forced, otherwise (any other algorithm forced, the reductions')
-/// the tuning's choice.
+/// mpi_forced_algorithm's: recursive_doubling, two_level (node_all_gather.hpp), ring,
+/// neighbour_exchange (the ring at an odd rank count) or native when forced,
+/// otherwise (any other algorithm forced, the reductions') the tuning's choice.
 constexpr algorithm mpi_all_gather_algorithm(algorithm forced, std::size_t bytes, int ranks,
                                              int node_ranks) noexcept {
     if (ranks <= 1) {
         return algorithm::native;
+    }
+    if (forced == algorithm::neighbour_exchange) {
+        return mpi_exchange_or_ring(ranks);
     }
     return forced == algorithm::recursive_doubling || forced == algorithm::two_level ||
                    forced == algorithm::ring || forced == algorithm::native

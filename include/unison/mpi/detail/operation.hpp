@@ -436,7 +436,8 @@ public:
         fused_ = reduces && (algorithm_ == algorithm::recursive_doubling ||
                              algorithm_ == algorithm::two_level);
         if (!c.pieces.empty()) {
-            stage_pieces(algorithm_ != algorithm::ring);
+            stage_pieces(algorithm_ != algorithm::ring &&
+                         algorithm_ != algorithm::neighbour_exchange);
         }
         const int handshake_tag = mpi_tag(mpi_handshake_tag_base, mpi_handshake_tags, sequence_);
         // Every collective but the barrier (which the handshake is) and the calls that
@@ -529,9 +530,10 @@ private:
         MPI_Comm comm = state_.comm;
         switch (c.op) {
         case operation::all_reduce:
-            if (algorithm_ == algorithm::ring) {
+            if (algorithm_ == algorithm::ring || algorithm_ == algorithm::neighbour_exchange) {
                 ring_.emplace(comm, state_.rank, n, call_, label_, sequence_,
-                              std::span<const mpi_ring_extent>(extents_));
+                              std::span<const mpi_ring_extent>(extents_),
+                              algorithm_ == algorithm::neighbour_exchange);
                 scratch_ = state_.take_scratch(ring_->scratch_bytes());
                 ring_->start(scratch_.data());
             } else if (algorithm_ == algorithm::rank_ordered) {
@@ -566,9 +568,9 @@ private:
             return;
         }
         case operation::all_gather: {
-            if (algorithm_ == algorithm::ring) {
+            if (algorithm_ == algorithm::ring || algorithm_ == algorithm::neighbour_exchange) {
                 ring_.emplace(mpi_ring_allreduce::all_gather, comm, state_.rank, n, call_, label_,
-                              sequence_);
+                              sequence_, algorithm_ == algorithm::neighbour_exchange);
                 ring_->start(nullptr);
                 return;
             }

@@ -7,7 +7,13 @@
 /// or several laid end to end (a coalesced all-reduce): a step then sends and
 /// receives one message per tensor its chunk touches, straight from and into the
 /// tensors, so no rank packs them. Its second half alone is the all_gather's ring:
-/// each rank's block passed on around the ring, straight into every output.
+/// each rank's block passed on around the ring, straight into every output. Either
+/// half's all-gather can be the neighbour exchange instead (an even rank count):
+/// each rank swaps its block with its partner (rank ^ 1), then trades, alternately
+/// with the neighbour outside its pair and with its partner, the two blocks it
+/// received last, so that every pair's blocks travel both ways around the ring of
+/// pairs at once: n / 2 steps instead of n - 1, the same bytes, both directions of
+/// every link in use.
 
 #include "unison/comm/collective.hpp"
 #include "unison/comm/detail/validate.hpp"
@@ -64,31 +70,36 @@ public:
     /// `size` ranks of `comm`; errors name `label`. Its elements are `extents` (in
     /// order of `start`, covering [0, call.count) without gaps, the same counts on
     /// every rank; they must outlive the ring), or, when that is empty, call.send and
-    /// call.recv. `segment_bytes` (the largest message) is a parameter for the tests only.
+    /// call.recv. `exchange`: the all-gather half is the neighbour exchange, when
+    /// `size` is even (an odd ring has no pairs: the ring then). `segment_bytes` (the
+    /// largest message) is a parameter for the tests only.
     mpi_ring_allreduce(MPI_Comm comm, int rank, int size, const collective_call& call,
                        const call_label& label, std::uint64_t sequence,
-                       std::span<const mpi_ring_extent> extents = {},
+                       std::span<const mpi_ring_extent> extents = {}, bool exchange = false,
                        std::size_t segment_bytes = mpi_ring_segment_bytes)
         : comm_(comm), rank_(rank), size_(size), call_(call), label_(label), sequence_(sequence),
           segment_(std::clamp<std::size_t>(segment_bytes / size_of(call.type), 1, INT_MAX)),
           count_(call.count), whole_{static_cast<const std::byte*>(call.send),
                                      static_cast<std::byte*>(call.recv), 0, call.count},
-          extents_(extents.empty() ? std::span<const mpi_ring_extent>(&whole_, 1) : extents) {}
+          extents_(extents.empty() ? std::span<const mpi_ring_extent>(&whole_, 1) : extents),
+          exchange_(exchange && size % 2 == 0), from_(previous_rank()) {}
 
     /// The all_gather `call` (call.count elements from every rank) as the ring's
     /// second half: chunk r of the output is rank r's block, which start() copies in
-    /// (unless the call is in place), and the ring passes every block on.
+    /// (unless the call is in place), and the ring (or, `exchange`, the neighbour
+    /// exchange) passes every block on.
     struct all_gather_t {};
     static constexpr all_gather_t all_gather{};
     mpi_ring_allreduce(all_gather_t, MPI_Comm comm, int rank, int size, const collective_call& call,
-                       const call_label& label, std::uint64_t sequence,
+                       const call_label& label, std::uint64_t sequence, bool exchange = false,
                        std::size_t segment_bytes = mpi_ring_segment_bytes)
         : comm_(comm), rank_(rank), size_(size), call_(call), label_(label), sequence_(sequence),
           segment_(std::clamp<std::size_t>(segment_bytes / size_of(call.type), 1, INT_MAX)),
           count_(call.count * static_cast<std::size_t>(size)),
           whole_{static_cast<const std::byte*>(call.recv), static_cast<std::byte*>(call.recv), 0,
                  count_},
-          extents_(&whole_, 1), gathers_(true) {}
+          extents_(&whole_, 1), gathers_(true), exchange_(exchange && size % 2 == 0),
+          from_(previous_rank()) {}
     mpi_ring_allreduce(const mpi_ring_allreduce&) = delete;
     mpi_ring_allreduce& operator=(const mpi_ring_allreduce&) = delete;
 
@@ -99,8 +110,8 @@ public:
         return gathers_ ? 0 : chunk_len(0) * size_of(call_.type) + cache_line_bytes;
     }
 
-    /// The rank this one receives from.
-    int previous() const noexcept { return (rank_ + size_ - 1) % size_; }
+    /// The rank this one receives from in the current step.
+    int previous() const noexcept { return from_; }
 
     /// Posts the first step; `scratch` holds scratch_bytes() until the ring is done.
     void start(std::byte* scratch) {
@@ -193,7 +204,23 @@ private:
     // the reduce-scatter, chunk (rank - s - 2) holds the partial sum of s + 2 ranks;
     // after the last step, this rank owns the complete chunk `rank`.
 
-    int steps() const noexcept { return 2 * (size_ - 1); }
+    // The neighbour exchange (an even n, pairs {2p, 2p + 1}): all-gather step 0 swaps
+    // the own block with the partner, so that both hold their pair p's. In step
+    // g >= 1 a rank trades, with the neighbour outside its pair (odd g: the one at
+    // rank + d, d = +1 for the pair's odd rank, -1 for its even one) or with its
+    // partner (even g), the pair of blocks it received in step g - 1 (its own pair
+    // in step 1). Each rank's outer neighbour hands it the pairs further along its
+    // side, p + d, p + 2d, ..., and its partner those from the other side; after
+    // n / 2 - 1 such steps every pair has arrived once.
+
+    int steps() const noexcept { return size_ - 1 + (exchange_ ? size_ / 2 : size_ - 1); }
+    int previous_rank() const noexcept { return (rank_ + size_ - 1) % size_; }
+    /// The pair of blocks the neighbour exchange receives in its step g >= 1.
+    int exchange_pair(int g) const noexcept {
+        const int pairs = size_ / 2, p = rank_ / 2, d = rank_ % 2 == 1 ? 1 : -1;
+        const int at = g % 2 == 1 ? p + d * ((g + 1) / 2) : p - d * (g / 2);
+        return (at % pairs + pairs) % pairs;
+    }
 
     std::size_t chunk_lo(int i) const noexcept {
         const std::size_t n = static_cast<std::size_t>(size_);
@@ -221,7 +248,12 @@ private:
     /// sends is the k-th its neighbour receives.
     template <class F>
     void for_each_part(int i, F&& f) const {
-        const std::size_t lo = chunk_lo(i), hi = chunk_lo(i + 1);
+        for_each_part(i, 1, f);
+    }
+    /// The same for the `chunks` chunks from `i` on, as one run.
+    template <class F>
+    void for_each_part(int i, int chunks, F&& f) const {
+        const std::size_t lo = chunk_lo(i), hi = chunk_lo(i + chunks);
         if (lo == hi) {
             return;
         }
@@ -239,27 +271,41 @@ private:
         }
     }
 
-    /// Posts step `step_`: the chunk to send and the chunk to receive, as messages of
-    /// for_each_part.
+    /// Posts step `step_`: the chunks to send and the chunks to receive, as messages
+    /// of for_each_part.
     void post_step() {
         const int n = size_;
-        const int next = (rank_ + 1) % n, prev = (rank_ + n - 1) % n;
+        int next = (rank_ + 1) % n, prev = (rank_ + n - 1) % n;
         const MPI_Datatype t = mpi_datatype(call_.type);
         const std::size_t es = size_of(call_.type);
         const int s = step_;
         const bool scatter = s < n - 1;
         bool send_input = false;
-        if (scatter) { // reduce-scatter
+        int chunks = 1; // a step's run of chunks: the neighbour exchange's pairs are 2
+        if (scatter) {  // reduce-scatter
             send_chunk_ = chunk(-s - 1);
             recv_chunk_ = chunk(-s - 2);
             send_input = s == 0;
+        } else if (exchange_) { // all-gather by the neighbour exchange
+            const int g = s - (n - 1);
+            if (g == 0) {
+                next = prev = rank_ ^ 1;
+                send_chunk_ = rank_;
+                recv_chunk_ = rank_ ^ 1;
+            } else {
+                next = prev = g % 2 == 0 ? rank_ ^ 1 : (rank_ + (rank_ % 2 == 1 ? 1 : n - 1)) % n;
+                send_chunk_ = 2 * (g == 1 ? rank_ / 2 : exchange_pair(g - 1));
+                recv_chunk_ = 2 * exchange_pair(g);
+                chunks = 2;
+            }
         } else { // all-gather
             const int g = s - (n - 1);
             send_chunk_ = chunk(-g);
             recv_chunk_ = chunk(-g - 1);
         }
+        from_ = prev;
         recv_parts_.clear();
-        for_each_part(recv_chunk_, [&](const part& p) { recv_parts_.push_back(p); });
+        for_each_part(recv_chunk_, chunks, [&](const part& p) { recv_parts_.push_back(p); });
         recv_segments_ = static_cast<int>(recv_parts_.size());
         if (scatter && !recv_parts_.empty()) {
             // The chunk arrives from where the previous rank keeps it: its input in
@@ -277,7 +323,7 @@ private:
             check(MPI_Irecv(into, static_cast<int>(p.count), t, prev, tag_, comm_, &requests_[k]),
                   "MPI_Irecv (ring)");
         }
-        for_each_part(send_chunk_, [&](const part& p) {
+        for_each_part(send_chunk_, chunks, [&](const part& p) {
             requests_.push_back(MPI_REQUEST_NULL);
             check(MPI_Isend(send_input ? p.in : p.out, static_cast<int>(p.count), t, next, tag_,
                             comm_, &requests_.back()),
@@ -311,7 +357,9 @@ private:
     std::vector<part> recv_parts_; ///< this step's receives, in order
     bool sent_ = false;            ///< this step's sends are complete
     std::vector<MPI_Request> requests_;
-    bool gathers_ = false; ///< the all_gather's ring: the second half only
+    bool gathers_ = false;  ///< the all_gather's ring: the second half only
+    bool exchange_ = false; ///< the all-gather half is the neighbour exchange
+    int from_ = 0;          ///< the rank the current step receives from
 };
 
 } // namespace unison::detail
