@@ -106,14 +106,22 @@ inline constexpr std::size_t node_ring_min_bytes = 64 * 1024;
 // (3.5 us for a large one on its 0.3 us loopback), prefers Rabenseifner's on a
 // node of 4 by a fixed 7 us, the ring's two extra steps: the ring 1.30x MPI's best
 // at 1 MiB, 1.19x at 2 MiB, 1.11x at 4 MiB and 1.06x at 8 MiB, Rabenseifner's
-// 1.01-1.07x. Where the two disagree the real node decides; where they are even
-// for real (1 MiB) the simulation does. 8 ranks on a node were not measured for
-// real (too many for 2 cores), so they keep Rabenseifner's.
+// 1.01-1.07x. Where the two disagree the real node decides. At 1 MiB real nodes
+// disagree: the EPYC put the two even once and Rabenseifner's ahead another day
+// (1.03x against the ring's 1.11x, 3 runs); an Intel Xeon (2026-12-07, 14 runs,
+// each the median of 5 interleaved rounds) put the ring at 0.86-1.22x in place
+// (median 0.96) and Rabenseifner's at 1.02-1.21x (median 1.14 over the 7 runs of
+// the day that ran both alike), out of place 0.81-1.04x against 0.88-0.98x. The
+// ring loses less where it loses, so it starts at 1 MiB. At 512 KiB it led on the
+// Xeon too (0.91-1.03x in place against 1.13-1.24x, 4 runs; not measured on the
+// EPYC); at 128-256 KiB Rabenseifner's led or tied (1.05-1.25x against
+// 1.03-1.58x). 8 ranks on a node were not measured for real (too many for 2
+// cores), so they keep Rabenseifner's.
 
 /// Up to this many ranks on one node ...
 inline constexpr int node_large_ring_max_ranks = 4;
 /// ... the ring from this many bytes.
-inline constexpr std::size_t node_large_ring_min_bytes = 2 * 1024 * 1024;
+inline constexpr std::size_t node_large_ring_min_bytes = 1024 * 1024;
 static_assert(node_large_ring_max_ranks > node_ring_max_ranks &&
                   node_large_ring_min_bytes > node_ring_min_bytes,
               "the ring takes over from Rabenseifner on one node later with more ranks");
@@ -802,12 +810,16 @@ constexpr algorithm mpi_all_gather_algorithm(algorithm forced, std::size_t bytes
 
 /// The algorithm the MPI backend runs for an all-reduce of `bytes` over `ranks`
 /// ranks (`node_ranks`: the most of them on one node), `forced` being
-/// comm_options::all_reduce_algorithm. One rank has nothing to exchange, whatever
-/// is forced: recursive doubling, which then only copies.
+/// comm_options::all_reduce_algorithm (neighbour_exchange: the ring at an odd rank
+/// count). One rank has nothing to exchange, whatever is forced: recursive
+/// doubling, which then only copies.
 constexpr algorithm mpi_all_reduce_algorithm(algorithm forced, std::size_t bytes, int ranks,
                                              int node_ranks) noexcept {
     if (ranks <= 1) {
         return algorithm::recursive_doubling;
+    }
+    if (forced == algorithm::neighbour_exchange) {
+        return mpi_exchange_or_ring(ranks);
     }
     return forced == algorithm::automatic ? mpi_tuning::all_reduce(bytes, ranks, node_ranks)
                                           : forced;
