@@ -452,3 +452,45 @@ TEST_CASE("schedules: the node-aware all_gather gives every rank every block onc
     CHECK(inner[1].sends[0].peer == 14);
     CHECK(inner[1].sends[1].peer == 13);
 }
+
+TEST_CASE("schedules: the neighbour exchange pairs up and gives every rank every block once") {
+    // Every even rank count to 130, every rank's steps side by side: the peers name
+    // each other, each sends what its peer expects, only blocks it holds, and each
+    // receives only blocks it lacks; after n / 2 steps every rank holds all n.
+    using unison::detail::neighbour_exchange_step;
+    for (int n = 2; n <= 130; n += 2) {
+        CAPTURE(n);
+        std::vector<std::vector<bool>> holds(static_cast<std::size_t>(n),
+                                             std::vector<bool>(static_cast<std::size_t>(n)));
+        for (int r = 0; r < n; ++r) {
+            holds[static_cast<std::size_t>(r)][static_cast<std::size_t>(r)] = true;
+        }
+        std::size_t bad = 0;
+        for (int g = 0; g < n / 2; ++g) {
+            auto next = holds;
+            for (int r = 0; r < n; ++r) {
+                const auto mine = neighbour_exchange_step(r, n, g);
+                const auto theirs = neighbour_exchange_step(mine.peer, n, g);
+                bad += theirs.peer != r || mine.peer == r || mine.peer < 0 || mine.peer >= n;
+                bad += theirs.send_block != mine.recv_block || theirs.blocks != mine.blocks;
+                bad += mine.blocks != (g == 0 ? 1 : 2);
+                bad += mine.recv_block + mine.blocks > n || mine.send_block + mine.blocks > n;
+                for (int b = 0; b < mine.blocks; ++b) {
+                    const auto sent = static_cast<std::size_t>(mine.send_block + b);
+                    const auto got = static_cast<std::size_t>(mine.recv_block + b);
+                    bad += sent < holds[0].size() && !holds[static_cast<std::size_t>(r)][sent];
+                    if (got < holds[0].size()) {
+                        bad += holds[static_cast<std::size_t>(r)][got];
+                        next[static_cast<std::size_t>(r)][got] = true;
+                    }
+                }
+            }
+            holds = std::move(next);
+        }
+        CHECK(bad == 0);
+        for (int r = 0; r < n; ++r) {
+            CHECK(std::count(holds[static_cast<std::size_t>(r)].begin(),
+                             holds[static_cast<std::size_t>(r)].end(), true) == n);
+        }
+    }
+}

@@ -23,6 +23,7 @@
 #include "unison/core/reduce_op.hpp"
 #include "unison/mpi/detail/handshake.hpp"
 #include "unison/mpi/detail/mpi_check.hpp"
+#include "unison/mpi/detail/schedule.hpp"
 
 #include <mpi.h>
 
@@ -204,23 +205,11 @@ private:
     // the reduce-scatter, chunk (rank - s - 2) holds the partial sum of s + 2 ranks;
     // after the last step, this rank owns the complete chunk `rank`.
 
-    // The neighbour exchange (an even n, pairs {2p, 2p + 1}): all-gather step 0 swaps
-    // the own block with the partner, so that both hold their pair p's. In step
-    // g >= 1 a rank trades, with the neighbour outside its pair (odd g: the one at
-    // rank + d, d = +1 for the pair's odd rank, -1 for its even one) or with its
-    // partner (even g), the pair of blocks it received in step g - 1 (its own pair
-    // in step 1). Each rank's outer neighbour hands it the pairs further along its
-    // side, p + d, p + 2d, ..., and its partner those from the other side; after
-    // n / 2 - 1 such steps every pair has arrived once.
+    // The neighbour exchange's all-gather (an even n) takes n / 2 steps, each
+    // schedule.hpp's neighbour_exchange_step: chunk q is block q.
 
     int steps() const noexcept { return size_ - 1 + (exchange_ ? size_ / 2 : size_ - 1); }
     int previous_rank() const noexcept { return (rank_ + size_ - 1) % size_; }
-    /// The pair of blocks the neighbour exchange receives in its step g >= 1.
-    int exchange_pair(int g) const noexcept {
-        const int pairs = size_ / 2, p = rank_ / 2, d = rank_ % 2 == 1 ? 1 : -1;
-        const int at = g % 2 == 1 ? p + d * ((g + 1) / 2) : p - d * (g / 2);
-        return (at % pairs + pairs) % pairs;
-    }
 
     std::size_t chunk_lo(int i) const noexcept {
         const std::size_t n = static_cast<std::size_t>(size_);
@@ -287,17 +276,11 @@ private:
             recv_chunk_ = chunk(-s - 2);
             send_input = s == 0;
         } else if (exchange_) { // all-gather by the neighbour exchange
-            const int g = s - (n - 1);
-            if (g == 0) {
-                next = prev = rank_ ^ 1;
-                send_chunk_ = rank_;
-                recv_chunk_ = rank_ ^ 1;
-            } else {
-                next = prev = g % 2 == 0 ? rank_ ^ 1 : (rank_ + (rank_ % 2 == 1 ? 1 : n - 1)) % n;
-                send_chunk_ = 2 * (g == 1 ? rank_ / 2 : exchange_pair(g - 1));
-                recv_chunk_ = 2 * exchange_pair(g);
-                chunks = 2;
-            }
+            const neighbour_step e = neighbour_exchange_step(rank_, n, s - (n - 1));
+            next = prev = e.peer;
+            send_chunk_ = e.send_block;
+            recv_chunk_ = e.recv_block;
+            chunks = e.blocks;
         } else { // all-gather
             const int g = s - (n - 1);
             send_chunk_ = chunk(-g);

@@ -10,7 +10,8 @@
 /// the tree back down). And the node-aware all_gather's (node_all_gather.hpp runs
 /// it, after the call check): each node's blocks gathered at its lowest rank, those
 /// leaders exchanging whole nodes' blocks by Bruck's doubling, the result sent down
-/// a binomial tree of each node's ranks. They are plain functions of the rank and of which ranks
+/// a binomial tree of each node's ranks. And the neighbour exchange's all-gather
+/// (ring_allreduce.hpp runs it), step by step. They are plain functions of the rank and of which ranks
 /// share a node, with no MPI in them, so that a test can run every rank's schedule
 /// in one process and check that the messages pair up and that every result holds
 /// every rank's data once.
@@ -363,6 +364,39 @@ inline std::vector<gather_step> plan_node_all_gather(int rank, const node_layout
         plan.push_back(std::move(down));
     }
     return plan;
+}
+
+/// One step of the neighbour exchange's all-gather over an even number of ranks
+/// `n`, as one rank sees it: the peer it trades with, and the first of the blocks
+/// it sends and of those it receives (block q is rank q's), `blocks` of each in a
+/// row.
+struct neighbour_step {
+    int peer = 0;
+    int send_block = 0;
+    int recv_block = 0;
+    int blocks = 1;
+};
+
+/// Step `g` (0 to n/2 - 1) of rank `rank`'s neighbour exchange over `n` ranks, n
+/// even. Step 0 swaps the rank's block with its partner's (rank ^ 1), so that both
+/// hold their pair p = rank / 2 (blocks 2p and 2p + 1). In step g >= 1 the rank
+/// trades, with the neighbour outside its pair (odd g: rank + d, d = +1 for the
+/// pair's odd rank, -1 for its even one, around the ring) or with its partner
+/// (even g), the pair it received in step g - 1 (its own in step 1), and receives
+/// pair p + d (g + 1) / 2 (odd g) or p - d g / 2 (even g), mod n/2: the outer
+/// neighbour hands it the pairs further along its side, the partner those from
+/// the other side, so every pair arrives once.
+constexpr neighbour_step neighbour_exchange_step(int rank, int n, int g) noexcept {
+    if (g == 0) {
+        return {rank ^ 1, rank, rank ^ 1, 1};
+    }
+    const int pairs = n / 2, p = rank / 2, d = rank % 2 == 1 ? 1 : -1;
+    const auto pair_at = [&](int step) {
+        const int at = step % 2 == 1 ? p + d * ((step + 1) / 2) : p - d * (step / 2);
+        return (at % pairs + pairs) % pairs;
+    };
+    const int peer = g % 2 == 0 ? rank ^ 1 : (rank + d + n) % n;
+    return {peer, 2 * (g == 1 ? p : pair_at(g - 1)), 2 * pair_at(g), 2};
 }
 
 } // namespace unison::detail
