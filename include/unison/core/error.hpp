@@ -13,12 +13,19 @@ namespace unison {
 
 /// Base of every error unison throws. what() reads
 /// "unison: rank R: OPERATION: DETAIL".
+///
+/// The message is the error's own string, not std::runtime_error's: libstdc++
+/// shares that one between copies and counts the copies inside its library, where
+/// ThreadSanitizer cannot see the atomics, so an error copied on one thread and
+/// read on another (the thread backend and Gloo hand errors between threads) is
+/// reported as a race. Each copy here owns its text.
 class error : public std::runtime_error {
 public:
     error(int rank, std::string_view operation, std::string_view detail, int code = 0)
-        : std::runtime_error(format(rank, operation, detail)), rank_(rank), operation_(operation),
-          code_(code) {}
+        : std::runtime_error(""), message_(format(rank, operation, detail)), rank_(rank),
+          operation_(operation), code_(code) {}
 
+    const char* what() const noexcept override { return message_.c_str(); }
     /// The rank that raised the error, or -1 where no rank is known.
     int rank() const noexcept { return rank_; }
     /// The operation that failed, for example "all_reduce #12".
@@ -38,6 +45,7 @@ private:
         return s;
     }
 
+    std::string message_;
     int rank_;
     std::string operation_;
     int code_;
