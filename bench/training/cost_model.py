@@ -153,6 +153,8 @@ TUNING = {
     "few_nodes_two_level_min_bytes": 2 * KIB,
     "many_nodes_two_level_min_bytes": 1 * KIB,
     "two_level_max_bytes": 32 * KIB,
+    "two_level_bounds_node_ranks": 8,
+    "two_level_largest_scaled_node_ranks": 32,
     "direct_max_ranks": 8,
     "direct_min_bytes": 32 * KIB,
 }
@@ -218,6 +220,11 @@ def tuned(t, m, p, node_ranks=1):
     least = (t["two_nodes_two_level_min_bytes"] if nodes <= 2 else
              t["few_nodes_two_level_min_bytes"] if nodes <= 4 else
              t["many_nodes_two_level_min_bytes"])
+    # Larger nodes take two_level sooner (mpi_tuning::two_level_min_bytes): the
+    # bound falls with the square of the node's size over 8, up to nodes of 32.
+    measured, largest = t["two_level_bounds_node_ranks"], t["two_level_largest_scaled_node_ranks"]
+    size = min(max(node_ranks, measured), largest)
+    least = least * measured * measured // (size * size)
     if m < least:
         return flat
     if m < t["two_level_max_bytes"]:

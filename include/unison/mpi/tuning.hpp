@@ -662,12 +662,47 @@ constexpr bool uneven_two_level(int ranks, int node_ranks) noexcept {
     return last != 0 && (2 * last < node_ranks || nodes_of(ranks, node_ranks) == 3);
 }
 
-/// The smallest all-reduce, in bytes, that two_level carries over `nodes` nodes.
-constexpr std::size_t two_level_min_bytes(int nodes) noexcept {
-    return nodes <= 2   ? two_nodes_two_level_min_bytes
-           : nodes <= 4 ? few_nodes_two_level_min_bytes
-                        : many_nodes_two_level_min_bytes;
+// Larger nodes (2026-12-07, the two-level platform with 16 or 32 ranks placed on
+// each host, 64 B to 64 KiB by factors of 2, recursive doubling and two_level
+// forced; docs/measurements.md, "Nodes of 16 and 32 ranks"). Recursive doubling's
+// steps across nodes send every rank's buffer through the node's one NIC at once,
+// so the more ranks a node holds, the sooner two_level's one message per node pays.
+// Over MPI's best, recursive doubling / two_level: two nodes of 16 at 2 and 4 KiB
+// 1.10 / 0.98 and 1.21 / 0.98 (at 1 KiB 1.02 / 0.97), four nodes of 16 at 1 KiB
+// 1.26 / 1.04, eight at 512 B 1.10 / 0.99; two nodes of 32 from 512 B to 4 KiB
+// 1.10-1.72 / 1.04-1.05 (at 256 B 1.08 / 1.19), four at 512 B and 1 KiB 1.19 and
+// 1.57 / 1.01-1.02 (at 256 B 1.02 / 1.01). The bounds above, measured on nodes of
+// 8, fall with the square of the node's size: a quarter on nodes of 16 (2 KiB, 512
+// B and 256 B), a sixteenth on nodes of 32 (512, 128 and 64 B). With them every
+// cell of those runs is within 1.08x (64 B to 8 KiB; 8 B to 16 MiB by factors of 8
+// within 1.09x); eight nodes of 32 (256 ranks) were not run. Nodes of 2 and 4 keep
+// the bounds of 8 (every cell of 8 to 64 ranks, 8 B to 16 MiB by factors of 8,
+// within 1.04x); past 32 ranks a node, which was not measured, is taken as 32.
+
+/// The node size the two_level bounds above were measured on, and the largest they
+/// are scaled to (two_level_min_bytes).
+inline constexpr int two_level_bounds_node_ranks = 8;
+inline constexpr int two_level_largest_scaled_node_ranks = 32;
+
+/// The smallest all-reduce, in bytes, that two_level carries over `nodes` nodes of
+/// at most `node_ranks` ranks each.
+constexpr std::size_t two_level_min_bytes(int nodes, int node_ranks) noexcept {
+    const std::size_t bound = nodes <= 2   ? two_nodes_two_level_min_bytes
+                              : nodes <= 4 ? few_nodes_two_level_min_bytes
+                                           : many_nodes_two_level_min_bytes;
+    const auto size = static_cast<std::size_t>(
+        std::clamp(node_ranks, two_level_bounds_node_ranks, two_level_largest_scaled_node_ranks));
+    const auto measured = static_cast<std::size_t>(two_level_bounds_node_ranks);
+    return bound * measured * measured / (size * size);
 }
+
+static_assert(two_level_min_bytes(2, 16) == 2 * 1024 && two_level_min_bytes(4, 16) == 512 &&
+                  two_level_min_bytes(8, 16) == 256 && two_level_min_bytes(2, 32) == 512 &&
+                  two_level_min_bytes(4, 32) == 128 && two_level_min_bytes(8, 32) == 64,
+              "the bounds on nodes of 16 and 32 ranks that the measurements name");
+static_assert(two_level_min_bytes(2, 4) == two_nodes_two_level_min_bytes &&
+                  two_level_min_bytes(2, 64) == two_level_min_bytes(2, 32),
+              "smaller nodes keep the bounds of nodes of 8; larger than 32 take 32's");
 
 // ---- The direct exchange (rank_ordered.hpp), for speed: after the check, n - 1
 // messages of m / n bytes from every rank to every other, twice: the ring's bytes
@@ -725,7 +760,8 @@ constexpr algorithm all_reduce(std::size_t bytes, int ranks, int node_ranks) noe
     }
     const bool one_node = node_ranks >= ranks;
     const algorithm flat = all_reduce_by_size(bytes, ranks, one_node);
-    if (one_node || node_ranks <= 1 || bytes < two_level_min_bytes(nodes_of(ranks, node_ranks))) {
+    if (one_node || node_ranks <= 1 ||
+        bytes < two_level_min_bytes(nodes_of(ranks, node_ranks), node_ranks)) {
         return flat;
     }
     if (bytes < two_level_max_bytes) {
