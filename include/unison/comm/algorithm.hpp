@@ -4,7 +4,8 @@
 /// The names of the all-reduce algorithms a backend may run, which one option
 /// (`comm_options::all_reduce_algorithm`, or `UNISON_ALGORITHM`) forces. Which
 /// algorithms a backend has, and which it picks by itself, is in that backend's
-/// tuning file: mpi/tuning.hpp (all of them, chosen by size, rank count and nodes),
+/// tuning file: mpi/tuning.hpp (all of them; it picks each but neighbour_exchange,
+/// which runs only when forced, by size, rank count and nodes),
 /// thread/tuning.hpp (rank_ordered, fused into one pass over shared memory) and
 /// nccl/tuning.hpp (native: NCCL chooses its own).
 
