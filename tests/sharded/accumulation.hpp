@@ -47,9 +47,7 @@ void accumulation_case(C& comm, accumulate_how how, double tol, const std::strin
     const std::string name = what + ", " + to_string(how);
     constexpr int micro = 3;
     const auto n = static_cast<std::size_t>(comm.size());
-    // The reference splits every global batch evenly among the ranks.
-    REQUIRE_MESSAGE(global_batch % n == 0, "the reference splits a batch of ", global_batch,
-                    " samples evenly: run at a rank count that divides it, not ", n);
+    require_even_batches(n);
     const auto rank = static_cast<std::size_t>(comm.rank());
     const auto data = nn::make_classification<T>(global_batch * training_steps, mlp_widths.front(),
                                                  mlp_widths.back(), 9);
