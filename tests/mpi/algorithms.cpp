@@ -623,6 +623,110 @@ TEST_CASE("mpi all-reduce: Rabenseifner checks the call as it goes and loses not
     CHECK(x.back() == static_cast<float>(n * (n + 1) / 2));
 }
 
+TEST_CASE("mpi collectives: calls of the same size that differ are caught on the large paths") {
+    // Large steps are received before their headers have arrived (a message of
+    // exactly the size this rank's own call implies): a call that sends as many
+    // bytes but differs (the op, or int32 for float) must still be a mismatch_error
+    // naming the field on every rank, with nothing written. 40000 elements take every
+    // step of these schedules past the first message (16000 bytes on MPIs other than
+    // Open MPI, 4000 on Open MPI).
+    struct run {
+        unison::algorithm a;
+        int ranks_per_node; // 0: one node
+    };
+    for (run r : {run{unison::algorithm::recursive_doubling, 0},
+                  run{unison::algorithm::two_level, 2}, run{unison::algorithm::rabenseifner, 0}}) {
+        auto comm = r.ranks_per_node == 0 ? forced(r.a) : on_nodes(r.a, r.ranks_per_node);
+        const int rank = comm.rank(), n = comm.size();
+        if (n < 2) {
+            return;
+        }
+        const auto ranks = static_cast<std::size_t>(n);
+        const std::size_t count = 40000;
+        for (int odd : {n - 1, 0}) {
+            const bool differs = rank == odd;
+            CAPTURE(unison::to_string(r.a));
+            CAPTURE(odd);
+            const auto expect = [&](const char* field, auto&& call) {
+                CAPTURE(field);
+                std::string got;
+                try {
+                    call();
+                } catch (const unison::mismatch_error& e) {
+                    got = e.field();
+                }
+                CHECK(got == field);
+            };
+            std::vector<float> in(count), out(count, -1.0f);
+            for (std::size_t i = 0; i < count; ++i) {
+                in[i] = static_cast<float>(value(rank, i, 3));
+            }
+            const std::vector<float> original = in;
+            std::vector<std::int32_t> ints(count, rank + 1);
+            const std::vector<std::int32_t> original_ints = ints;
+            for (bool in_place : {false, true}) {
+                CAPTURE(in_place);
+                expect("op", [&] {
+                    const auto op = differs ? unison::reduce_op::max : unison::reduce_op::sum;
+                    if (in_place) {
+                        unison::all_reduce(comm, in, op);
+                    } else {
+                        unison::all_reduce(comm, in, out, op);
+                    }
+                });
+                expect("dtype", [&] {
+                    if (differs) {
+                        unison::all_reduce(comm, ints);
+                    } else if (in_place) {
+                        unison::all_reduce(comm, in);
+                    } else {
+                        unison::all_reduce(comm, in, out);
+                    }
+                });
+                CHECK(in == original);
+                CHECK(ints == original_ints);
+                CHECK(out == std::vector<float>(count, -1.0f));
+            }
+            if (r.a == unison::algorithm::two_level) {
+                continue;
+            }
+            // The reduce_scatter's halving (Rabenseifner's first half) and the
+            // all_gather's recursive doubling carry the same check.
+            std::vector<float> whole(count * ranks), block(count, -1.0f);
+            for (std::size_t i = 0; i < whole.size(); ++i) {
+                whole[i] = static_cast<float>(value(rank, i, 4));
+            }
+            const std::vector<float> original_whole = whole;
+            if (r.a == unison::algorithm::rabenseifner) {
+                expect("op", [&] {
+                    unison::reduce_scatter(comm, whole, block,
+                                           differs ? unison::reduce_op::max
+                                                   : unison::reduce_op::sum);
+                });
+            } else {
+                std::vector<float> gathered(count * ranks, -1.0f);
+                std::vector<std::int32_t> gathered_ints(count * ranks, -1);
+                expect("dtype", [&] {
+                    if (differs) {
+                        unison::all_gather(comm, ints, gathered_ints);
+                    } else {
+                        unison::all_gather(comm, in, gathered);
+                    }
+                });
+                CHECK(gathered == std::vector<float>(count * ranks, -1.0f));
+                CHECK(gathered_ints == std::vector<std::int32_t>(count * ranks, -1));
+            }
+            CHECK(whole == original_whole);
+            CHECK(block == std::vector<float>(count, -1.0f));
+        }
+        // Still usable, at the same size.
+        std::vector<float> x(count, static_cast<float>(rank + 1));
+        unison::all_reduce(comm, x);
+        CHECK(x.front() == static_cast<float>(n * (n + 1) / 2));
+        CHECK(x.back() == static_cast<float>(n * (n + 1) / 2));
+    }
+}
+
 TEST_CASE("mpi all-reduce: ranks forcing different algorithms are refused before any call") {
     int rank = 0, n = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -197,6 +197,9 @@ public:
     bool progress() {
         while (current_ < steps_.size()) {
             const step& s = steps_[current_];
+            if (s.checked && !first_arrived_) {
+                receive_rests_early(s);
+            }
             if (s.checked && s.count > 1 && !first_arrived_) {
                 // A group: one call tests every peer's first message.
                 std::array<int, max_step_peers> which{};
@@ -714,6 +717,7 @@ private:
             return;
         }
         firsts_arrived_ = 0;
+        early_.fill(false);
         if (s.recv_bytes != no_recv) {
             irecv(recv_stage_->data(), mpi_whole_message_max_bytes, s.peer, check_tag_);
         }
@@ -751,6 +755,48 @@ private:
         }
     }
 
+    /// Bytes of the rest of peer `k`'s checked message when its call is this rank's
+    /// and the rest is received early (receive_rests_early), or 0: never into the
+    /// caller's output, and only a rest larger than any first message, so that no
+    /// first message can be taken for one.
+    std::size_t early_rest_bytes(const step& s, int k) const noexcept {
+        if (s.writes_output || s.recv_bytes_at(k) == no_recv) {
+            return 0;
+        }
+        const std::size_t whole = mpi_header_bytes + s.recv_bytes_at(k);
+        const std::size_t rest = whole - mpi_first_part(whole);
+        return rest > mpi_whole_message_max_bytes && rest <= mpi_message_max_bytes ? rest : 0;
+    }
+
+    /// Receives the rest of each peer's checked message before its first has
+    /// arrived, as soon as MPI holds one of exactly the size this rank's call
+    /// implies, on this call's rest tag: a large rest goes as a rendezvous, which
+    /// starts only once its receive is posted, so waiting for the header would add
+    /// the header's latency to every large step. The size comes from the message
+    /// itself (nothing is truncated), the data lands in scratch where it would have
+    /// gone, and receive_first checks that the header announces exactly it.
+    void receive_rests_early(const step& s) {
+        for (int k = 0; k < s.count; ++k) {
+            const auto at = static_cast<std::size_t>(k);
+            const std::size_t rest = early_rest_bytes(s, k);
+            if (rest == 0 || early_[at] || recvs_[at] == MPI_REQUEST_NULL) {
+                continue;
+            }
+            int flag = 0;
+            MPI_Status status;
+            check(MPI_Iprobe(s.peer_at(k), rest_tag_, comm_, &flag, &status),
+                  "MPI_Iprobe (rabenseifner)");
+            int got = 0;
+            if (flag == 0 || MPI_Get_count(&status, MPI_BYTE, &got) != MPI_SUCCESS ||
+                static_cast<std::size_t>(got) != rest) {
+                continue;
+            }
+            irecv(s.recv_at(k) + (mpi_first_message_bytes - mpi_header_bytes), rest, s.peer_at(k),
+                  rest_tag_);
+            early_[at] = true;
+        }
+    }
+
     /// Peer `k`'s first message is here (k > 0: a group's later members):
     /// check its header, then receive the rest of its data where it goes (into a
     /// drain when its call differs: every message of this call is received, so none
@@ -785,6 +831,18 @@ private:
                                  peer, "operation");
         }
         const std::size_t rest = sent > n && n == mpi_first_part(sent) ? sent - n : 0;
+        // The tag the peer's algorithm sends its rest on.
+        const int their_rest_tag =
+            theirs.faulted != 0 ? check_tag_ : mpi_rest_tag(theirs.algorithm, theirs.sequence);
+        const bool early = early_[static_cast<std::size_t>(k)];
+        if (early && (rest != early_rest_bytes(s, k) || their_rest_tag != rest_tag_)) {
+            throw mismatch_error(rank_, label_.str(),
+                                 "rank " + std::to_string(peer) + " sent a " +
+                                     std::to_string(early_rest_bytes(s, k)) +
+                                     "-byte message that its call header did not announce: it "
+                                     "is not running this collective",
+                                 peer, "operation");
+        }
         const bool group = s.count > 1;
         bool takes_data = false;
         if (theirs.faulted != 0) {
@@ -827,20 +885,21 @@ private:
             if (inline_bytes != 0) {
                 std::memcpy(into, first + mpi_header_bytes, inline_bytes);
             }
-            for_each_segment(rest, [&](std::size_t at, std::size_t len) {
-                irecv(into + inline_bytes + at, len, peer, rest_tag_);
-            });
+            if (!early) {
+                for_each_segment(rest, [&](std::size_t at, std::size_t len) {
+                    irecv(into + inline_bytes + at, len, peer, rest_tag_);
+                });
+            }
             return;
         }
         // The peer's messages go nowhere: the rest of them, if any, into a drain of
-        // exactly the announced size, on the tag the peer's algorithm sends it on.
-        if (rest != 0) {
-            const int tag =
-                theirs.faulted != 0 ? check_tag_ : mpi_rest_tag(theirs.algorithm, theirs.sequence);
+        // exactly the announced size, on the tag the peer's algorithm sends it on
+        // (received early, it went to scratch, unread).
+        if (rest != 0 && !early) {
             std::vector<std::byte>& drain = drains_[static_cast<std::size_t>(k)];
             drain.resize(rest);
             for_each_segment(rest, [&](std::size_t at, std::size_t len) {
-                irecv(drain.data() + at, len, peer, tag);
+                irecv(drain.data() + at, len, peer, their_rest_tag);
             });
         }
     }
@@ -947,6 +1006,7 @@ private:
     bool first_arrived_ = false;
     int firsts_arrived_ = 0;                      ///< a group's first messages so far
     std::array<bool, max_step_peers> received_{}; ///< the data of each peer is this call's
+    std::array<bool, max_step_peers> early_{};    ///< whose rest was received early
     std::array<mpi_call_header, max_step_peers> theirs_{};
     std::array<mpi_call_fault, max_step_peers> carried_{}; ///< faults the peers' headers announced
     bool copy_at_end_ =
