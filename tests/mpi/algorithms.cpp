@@ -11,12 +11,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -624,18 +626,25 @@ TEST_CASE("mpi all-reduce: Rabenseifner checks the call as it goes and loses not
 }
 
 TEST_CASE("mpi collectives: calls of the same size that differ are caught on the large paths") {
-    // Large steps are received before their headers have arrived (a message of
-    // exactly the size this rank's own call implies): a call that sends as many
+    // A large step's rest is received as soon as MPI holds one of exactly the size
+    // this rank's own call implies, before its header: a call that sends as many
     // bytes but differs (the op, or int32 for float) must still be a mismatch_error
-    // naming the field on every rank, with nothing written. 40000 elements take every
-    // step of these schedules past the first message (16000 bytes on MPIs other than
-    // Open MPI, 4000 on Open MPI).
+    // naming the field on every rank, with nothing written. One rank enters each
+    // call late, so that its peers' first messages and rests are already queued when
+    // it polls (at 3 and 4 Open MPI processes here, hundreds of rests a run took the
+    // early path; at 2 a few, its first probe finding the header already in): the
+    // rank whose call differs, then its neighbour. 40000 elements take every step of these schedules past the first
+    // message (16000 bytes on MPIs other than Open MPI, 4000 on Open MPI); nodes of
+    // 2 make 3 ranks fold one in (its last step hands the result back) instead of
+    // forming a group of three.
     struct run {
         unison::algorithm a;
         int ranks_per_node; // 0: one node
     };
-    for (run r : {run{unison::algorithm::recursive_doubling, 0},
-                  run{unison::algorithm::two_level, 2}, run{unison::algorithm::rabenseifner, 0}}) {
+    for (run r :
+         {run{unison::algorithm::recursive_doubling, 0},
+          run{unison::algorithm::recursive_doubling, 2}, run{unison::algorithm::two_level, 2},
+          run{unison::algorithm::rabenseifner, 0}, run{unison::algorithm::rabenseifner, 2}}) {
         auto comm = r.ranks_per_node == 0 ? forced(r.a) : on_nodes(r.a, r.ranks_per_node);
         const int rank = comm.rank(), n = comm.size();
         if (n < 2) {
@@ -644,86 +653,110 @@ TEST_CASE("mpi collectives: calls of the same size that differ are caught on the
         const auto ranks = static_cast<std::size_t>(n);
         const std::size_t count = 40000;
         for (int odd : {n - 1, 0}) {
-            const bool differs = rank == odd;
-            CAPTURE(unison::to_string(r.a));
-            CAPTURE(odd);
-            const auto expect = [&](const char* field, auto&& call) {
-                CAPTURE(field);
-                std::string got;
-                try {
-                    call();
-                } catch (const unison::mismatch_error& e) {
-                    got = e.field();
+            for (int late : {odd, (odd + 1) % n}) {
+                const bool differs = rank == odd;
+                CAPTURE(unison::to_string(r.a));
+                CAPTURE(r.ranks_per_node);
+                CAPTURE(odd);
+                CAPTURE(late);
+                const auto expect = [&](const char* field, auto&& call) {
+                    CAPTURE(field);
+                    if (rank == late) {
+                        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                    }
+                    std::string got;
+                    try {
+                        call();
+                    } catch (const unison::mismatch_error& e) {
+                        got = e.field();
+                    }
+                    CHECK(got == field);
+                };
+                std::vector<float> in(count), out(count, -1.0f);
+                for (std::size_t i = 0; i < count; ++i) {
+                    in[i] = static_cast<float>(value(rank, i, 3));
                 }
-                CHECK(got == field);
-            };
-            std::vector<float> in(count), out(count, -1.0f);
-            for (std::size_t i = 0; i < count; ++i) {
-                in[i] = static_cast<float>(value(rank, i, 3));
+                const std::vector<float> original = in;
+                std::vector<std::int32_t> ints(count, rank + 1);
+                const std::vector<std::int32_t> original_ints = ints;
+                for (bool in_place : {false, true}) {
+                    CAPTURE(in_place);
+                    expect("op", [&] {
+                        const auto op = differs ? unison::reduce_op::max : unison::reduce_op::sum;
+                        if (in_place) {
+                            unison::all_reduce(comm, in, op);
+                        } else {
+                            unison::all_reduce(comm, in, out, op);
+                        }
+                    });
+                    expect("dtype", [&] {
+                        if (differs) {
+                            unison::all_reduce(comm, ints);
+                        } else if (in_place) {
+                            unison::all_reduce(comm, in);
+                        } else {
+                            unison::all_reduce(comm, in, out);
+                        }
+                    });
+                    CHECK(in == original);
+                    CHECK(ints == original_ints);
+                    CHECK(out == std::vector<float>(count, -1.0f));
+                }
+                if (r.a == unison::algorithm::two_level) {
+                    continue;
+                }
+                // The reduce_scatter's halving (Rabenseifner's first half) and the
+                // all_gather's recursive doubling carry the same check.
+                std::vector<float> whole(count * ranks), block(count, -1.0f);
+                for (std::size_t i = 0; i < whole.size(); ++i) {
+                    whole[i] = static_cast<float>(value(rank, i, 4));
+                }
+                const std::vector<float> original_whole = whole;
+                if (r.a == unison::algorithm::rabenseifner) {
+                    expect("op", [&] {
+                        unison::reduce_scatter(comm, whole, block,
+                                               differs ? unison::reduce_op::max
+                                                       : unison::reduce_op::sum);
+                    });
+                } else {
+                    std::vector<float> gathered(count * ranks, -1.0f);
+                    std::vector<std::int32_t> gathered_ints(count * ranks, -1);
+                    expect("dtype", [&] {
+                        if (differs) {
+                            unison::all_gather(comm, ints, gathered_ints);
+                        } else {
+                            unison::all_gather(comm, in, gathered);
+                        }
+                    });
+                    CHECK(gathered == std::vector<float>(count * ranks, -1.0f));
+                    CHECK(gathered_ints == std::vector<std::int32_t>(count * ranks, -1));
+                }
+                CHECK(whole == original_whole);
+                CHECK(block == std::vector<float>(count, -1.0f));
             }
-            const std::vector<float> original = in;
-            std::vector<std::int32_t> ints(count, rank + 1);
-            const std::vector<std::int32_t> original_ints = ints;
-            for (bool in_place : {false, true}) {
-                CAPTURE(in_place);
-                expect("op", [&] {
-                    const auto op = differs ? unison::reduce_op::max : unison::reduce_op::sum;
-                    if (in_place) {
-                        unison::all_reduce(comm, in, op);
-                    } else {
-                        unison::all_reduce(comm, in, out, op);
-                    }
-                });
-                expect("dtype", [&] {
-                    if (differs) {
-                        unison::all_reduce(comm, ints);
-                    } else if (in_place) {
-                        unison::all_reduce(comm, in);
-                    } else {
-                        unison::all_reduce(comm, in, out);
-                    }
-                });
-                CHECK(in == original);
-                CHECK(ints == original_ints);
-                CHECK(out == std::vector<float>(count, -1.0f));
-            }
-            if (r.a == unison::algorithm::two_level) {
-                continue;
-            }
-            // The reduce_scatter's halving (Rabenseifner's first half) and the
-            // all_gather's recursive doubling carry the same check.
-            std::vector<float> whole(count * ranks), block(count, -1.0f);
-            for (std::size_t i = 0; i < whole.size(); ++i) {
-                whole[i] = static_cast<float>(value(rank, i, 4));
-            }
-            const std::vector<float> original_whole = whole;
-            if (r.a == unison::algorithm::rabenseifner) {
-                expect("op", [&] {
-                    unison::reduce_scatter(comm, whole, block,
-                                           differs ? unison::reduce_op::max
-                                                   : unison::reduce_op::sum);
-                });
-            } else {
-                std::vector<float> gathered(count * ranks, -1.0f);
-                std::vector<std::int32_t> gathered_ints(count * ranks, -1);
-                expect("dtype", [&] {
-                    if (differs) {
-                        unison::all_gather(comm, ints, gathered_ints);
-                    } else {
-                        unison::all_gather(comm, in, gathered);
-                    }
-                });
-                CHECK(gathered == std::vector<float>(count * ranks, -1.0f));
-                CHECK(gathered_ints == std::vector<std::int32_t>(count * ranks, -1));
-            }
-            CHECK(whole == original_whole);
-            CHECK(block == std::vector<float>(count, -1.0f));
         }
-        // Still usable, at the same size.
-        std::vector<float> x(count, static_cast<float>(rank + 1));
-        unison::all_reduce(comm, x);
-        CHECK(x.front() == static_cast<float>(n * (n + 1) / 2));
-        CHECK(x.back() == static_cast<float>(n * (n + 1) / 2));
+        // Still usable at the same size, every element right, with each rank late
+        // in turn (the early rests of a matching call land where they belong).
+        for (int late = 0; late < n; ++late) {
+            CAPTURE(unison::to_string(r.a));
+            CAPTURE(r.ranks_per_node);
+            CAPTURE(late);
+            std::vector<float> x(count);
+            for (std::size_t i = 0; i < count; ++i) {
+                x[i] = static_cast<float>(value(rank, i, 6 + static_cast<std::uint64_t>(late)));
+            }
+            if (rank == late) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            }
+            unison::all_reduce(comm, x);
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < count; ++i) {
+                const double want =
+                    reference(unison::reduce_op::sum, n, i, 6 + static_cast<std::uint64_t>(late));
+                wrong += static_cast<double>(x[i]) != want ? 1 : 0;
+            }
+            CHECK(wrong == 0);
+        }
     }
 }
 

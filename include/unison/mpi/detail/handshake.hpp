@@ -123,8 +123,9 @@ inline constexpr std::size_t mpi_header_bytes = sizeof(mpi_call_header);
 /// KiB), and there a step of up to 16000 bytes is one message (in simulation, 4
 /// KiB on one node took 1.6x MPI's time in two). Larger steps are cut at 4000
 /// bytes everywhere: a small first message arrives before the large rest, whose
-/// receive the header sizes (cutting at 16000 instead cost 1.06-1.1x in
-/// simulation from 256 KiB, a mid-sized message paying more latency there).
+/// size the header announces, or the rest itself when it is received before the
+/// header (mpi_rest_tag) (cutting at 16000 instead cost 1.06-1.1x in simulation
+/// from 256 KiB, a mid-sized message paying more latency there).
 #ifdef OMPI_MAJOR_VERSION
 inline constexpr std::size_t mpi_whole_message_max_bytes = 4000;
 #else
@@ -444,8 +445,9 @@ private:
         }
     }
 
-    /// Tests the peers' first messages (one MPI call), and posts the receive of a
-    /// second message wherever a header announces one, before waiting for this
+    /// Receives rests that are already here (receive_rests_early), tests the peers'
+    /// first messages (one MPI call), and posts the receive of a second message
+    /// wherever a header announces one not yet received, before waiting for this
     /// rank's own sends: a large send may complete only once the peer has posted its
     /// receive. With one peer and this rank's message in one piece (small calls),
     /// the same call tests the send too: polls are what small steps cost. True once
@@ -492,7 +494,9 @@ private:
     std::size_t early_rest_bytes() const noexcept {
         const std::size_t whole = mpi_header_bytes + (fused_ ? bytes() : 0);
         const std::size_t rest = whole - mpi_first_part(whole);
-        return rest > mpi_whole_message_max_bytes && rest <= mpi_message_max_bytes ? rest : 0;
+        // Below mpi_message_max_bytes: a message of exactly that size may be only the
+        // first piece of a larger rest (for_each_segment).
+        return rest > mpi_whole_message_max_bytes && rest < mpi_message_max_bytes ? rest : 0;
     }
 
     /// Receives the rest of a peer's message before its first has arrived, as soon

@@ -220,7 +220,8 @@ public:
             }
             if (s.checked && s.recv_bytes != no_recv && !first_arrived_) {
                 // The rest of the peer's message is received once its header says
-                // where it goes, before this rank's own sends are waited for. When
+                // where it goes (unless receive_rests_early took it already), before
+                // this rank's own sends are waited for. When
                 // this rank sent one message, one call tests it with the peer's
                 // first (one poll a step, where the peer's message fits in one too);
                 // with a rest of its own in flight, which completes only once the
@@ -765,7 +766,9 @@ private:
         }
         const std::size_t whole = mpi_header_bytes + s.recv_bytes_at(k);
         const std::size_t rest = whole - mpi_first_part(whole);
-        return rest > mpi_whole_message_max_bytes && rest <= mpi_message_max_bytes ? rest : 0;
+        // Below mpi_message_max_bytes: a message of exactly that size may be only the
+        // first piece of a larger rest (for_each_segment).
+        return rest > mpi_whole_message_max_bytes && rest < mpi_message_max_bytes ? rest : 0;
     }
 
     /// Receives the rest of each peer's checked message before its first has
