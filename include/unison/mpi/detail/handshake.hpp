@@ -166,6 +166,24 @@ constexpr int mpi_rest_tag(std::uint32_t algo, std::uint64_t sequence) noexcept 
                : mpi_tag(mpi_handshake_tag_base, mpi_handshake_tags, sequence);
 }
 
+/// The rest of a step's message of `data` bytes (after the header) that a receiver
+/// may take before the header has announced it (receive_rests_early), or 0: only a
+/// rest larger than any first message, so that no first message can be taken for
+/// one, and smaller than the pieces a larger rest is sent in (for_each_segment), so
+/// that a message of that size is the whole rest.
+constexpr std::size_t mpi_early_rest_bytes(std::size_t data) noexcept {
+    const std::size_t whole = mpi_header_bytes + data;
+    const std::size_t rest = whole - mpi_first_part(whole);
+    return rest > mpi_whole_message_max_bytes && rest < mpi_message_max_bytes ? rest : 0;
+}
+static_assert(mpi_early_rest_bytes(0) == 0);
+static_assert(mpi_early_rest_bytes(mpi_first_message_bytes + mpi_whole_message_max_bytes -
+                                   mpi_header_bytes) == 0);
+static_assert(mpi_early_rest_bytes(mpi_first_message_bytes + mpi_whole_message_max_bytes + 1 -
+                                   mpi_header_bytes) == mpi_whole_message_max_bytes + 1);
+static_assert(mpi_early_rest_bytes(mpi_first_message_bytes + mpi_message_max_bytes -
+                                   mpi_header_bytes) == 0);
+
 /// Bytes of a staging buffer for a step whose data is `bytes`: the most a
 /// well-formed peer sends in that step.
 constexpr std::size_t mpi_staging_bytes(std::size_t bytes) noexcept {
@@ -489,14 +507,9 @@ private:
     }
 
     /// Bytes of the rest of a step's message from a peer whose call is this rank's,
-    /// when they are received early (receive_rests_early), or 0: a message of that
-    /// size on the handshake's tag can only be a rest, never a first message.
+    /// when they are received early (receive_rests_early), or 0.
     std::size_t early_rest_bytes() const noexcept {
-        const std::size_t whole = mpi_header_bytes + (fused_ ? bytes() : 0);
-        const std::size_t rest = whole - mpi_first_part(whole);
-        // Below mpi_message_max_bytes: a message of exactly that size may be only the
-        // first piece of a larger rest (for_each_segment).
-        return rest > mpi_whole_message_max_bytes && rest < mpi_message_max_bytes ? rest : 0;
+        return mpi_early_rest_bytes(fused_ ? bytes() : 0);
     }
 
     /// Receives the rest of a peer's message before its first has arrived, as soon

@@ -758,17 +758,11 @@ private:
 
     /// Bytes of the rest of peer `k`'s checked message when its call is this rank's
     /// and the rest is received early (receive_rests_early), or 0: never into the
-    /// caller's output, and only a rest larger than any first message, so that no
-    /// first message can be taken for one.
+    /// caller's output.
     std::size_t early_rest_bytes(const step& s, int k) const noexcept {
-        if (s.writes_output || s.recv_bytes_at(k) == no_recv) {
-            return 0;
-        }
-        const std::size_t whole = mpi_header_bytes + s.recv_bytes_at(k);
-        const std::size_t rest = whole - mpi_first_part(whole);
-        // Below mpi_message_max_bytes: a message of exactly that size may be only the
-        // first piece of a larger rest (for_each_segment).
-        return rest > mpi_whole_message_max_bytes && rest < mpi_message_max_bytes ? rest : 0;
+        return s.writes_output || s.recv_bytes_at(k) == no_recv
+                   ? 0
+                   : mpi_early_rest_bytes(s.recv_bytes_at(k));
     }
 
     /// Receives the rest of each peer's checked message before its first has
