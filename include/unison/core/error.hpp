@@ -25,6 +25,11 @@ public:
         : std::runtime_error(""), message_(format(rank, operation, detail)), rank_(rank),
           operation_(operation), code_(code) {}
 
+    /// `e`, with `more` appended to its message (same rank, operation and code).
+    error(const error& e, std::string_view more)
+        : std::runtime_error(""), message_(e.message_ + std::string(more)), rank_(e.rank_),
+          operation_(e.operation_), code_(e.code_) {}
+
     const char* what() const noexcept override { return message_.c_str(); }
     /// The rank that raised the error, or -1 where no rank is known.
     int rank() const noexcept { return rank_; }

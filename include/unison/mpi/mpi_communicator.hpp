@@ -218,7 +218,7 @@ private:
             op->span().begin(s.rank, call, s.size, static_cast<std::int64_t>(seq),
                              chosen ? to_string(algorithm_for(call)) : std::string_view());
         }
-        op->start();
+        s.start(op);
         return op;
     }
 
@@ -231,7 +231,7 @@ private:
         constexpr int words = sizeof(detail::call_signature) / sizeof(std::uint64_t);
         collective_call exchange{operation::all_gather, &mine, all.data(), words, {}, dtype::i64};
         auto op = s.acquire(exchange, seq);
-        op->start();
+        s.start(op);
         s.wait(std::move(op));
         const std::string label = detail::operation_label(call.op, seq);
         for (int q = 1; q < s.size; ++q) {

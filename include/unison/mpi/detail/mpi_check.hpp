@@ -17,6 +17,7 @@
 #include <chrono>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace unison::detail {
@@ -28,8 +29,9 @@ namespace unison::detail {
     if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
         length = 0;
     }
+    const std::string_view name(call); // "MPI_Isend" or, from UNISON_CHECK_MPI, the call
     throw mpi_error(rank, operation,
-                    std::string(call) +
+                    std::string(name.substr(0, name.find('('))) +
                         " failed: " + std::string(text, static_cast<std::size_t>(length)),
                     code);
 }

@@ -51,6 +51,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -142,6 +143,26 @@ public:
     /// Polls `op` to completion or throws timeout_error at the deadline (after which
     /// the communicator is unusable: MPI cannot cancel a collective).
     void wait(std::unique_ptr<mpi_operation> op);
+    /// Starts `op`'s call; if that throws, the call ends as a failed wait would
+    /// (failed, retire_failed) and the error propagates.
+    void start(std::unique_ptr<mpi_operation>& op);
+
+    /// Records that the call `label` failed with `e`: an argument or mismatch error
+    /// leaves the communicator usable (every rank's call throws, and nothing of it
+    /// goes on); any other error (an MPI call that failed) leaves this rank's peers
+    /// in the middle of the call, so the communicator refuses further work, as after
+    /// a timeout.
+    void failed(const call_label& label, const std::exception_ptr& e) noexcept;
+    /// Takes back `op`, whose call failed: for reuse when MPI holds none of its
+    /// requests; otherwise it is kept, never freed while MPI may still write into
+    /// its staging, scratch or the caller's buffers (with the abandoned calls; once
+    /// the communicator is unusable, its receives are cancelled first, as after a
+    /// timeout).
+    void retire_failed(std::unique_ptr<mpi_operation> op) noexcept;
+    /// In a handler of the error `op`'s call threw: retires `op` and rethrows; an
+    /// mpi_error with requests of the call past its handshake still posted then says
+    /// that MPI may still use the call's buffers (a posted send cannot be cancelled).
+    [[noreturn]] void rethrow_failed(std::unique_ptr<mpi_operation> op);
 
     void check_usable(operation op) const {
         if (!poisoned.empty()) {
@@ -680,13 +701,18 @@ public:
         try {
             step();
         } catch (...) {
-            if (phase_ == phase::handshake) {
-                state_.posted(this); // never will
-            }
-            done_ = true;
-            error_ = std::current_exception();
-            span_.end("error");
+            fail(std::current_exception());
         }
+    }
+    /// Ends the call with `e`, kept for its own wait (see mpi_rank_state::failed).
+    void fail(std::exception_ptr e) noexcept {
+        if (phase_ == phase::handshake) {
+            state_.posted(this); // never will
+        }
+        done_ = true;
+        error_ = e;
+        span_.end("error");
+        state_.failed(label_, error_);
     }
 
 private:
@@ -868,6 +894,74 @@ inline void mpi_rank_state::recycle(std::unique_ptr<mpi_operation> op) noexcept 
     }
 }
 
+inline void mpi_rank_state::start(std::unique_ptr<mpi_operation>& op) {
+    try {
+        op->start();
+    } catch (...) {
+        op->fail(std::current_exception());
+        rethrow_failed(std::move(op));
+    }
+}
+
+inline void mpi_rank_state::rethrow_failed(std::unique_ptr<mpi_operation> op) {
+    const bool held = !op->idle() && !op->in_handshake(); // the handshake's are staging
+    retire_failed(std::move(op));
+    try {
+        throw;
+    } catch (const mpi_error& e) {
+        if (!held) {
+            throw;
+        }
+        throw mpi_error(e, "; MPI may still use this call's buffers (its requests were "
+                           "posted, and a send cannot be cancelled): keep them allocated, or "
+                           "end the job (MPI_Abort)");
+    }
+}
+
+inline void mpi_rank_state::failed(const call_label& label, const std::exception_ptr& e) noexcept {
+    if (!poisoned.empty()) {
+        return; // the first reason stands
+    }
+    try {
+        std::rethrow_exception(e);
+    } catch (const argument_error&) {
+    } catch (const mismatch_error&) {
+    } catch (const std::exception& x) {
+        try {
+            // A unison error's message after its "unison: rank R: OPERATION: ".
+            const std::string_view what = x.what();
+            const std::string lead = label.str() + ": ";
+            const std::size_t at = what.find(lead);
+            poisoned =
+                label.str() + " failed (" +
+                std::string(at == std::string_view::npos ? what : what.substr(at + lead.size())) +
+                ")";
+        } catch (...) {
+            poisoned = "a call failed";
+        }
+    } catch (...) {
+        poisoned = "a call failed";
+    }
+}
+
+inline void mpi_rank_state::retire_failed(std::unique_ptr<mpi_operation> op) noexcept {
+    deactivate(op.get());
+    if (op->idle()) {
+        recycle(std::move(op)); // nothing of it is in flight
+        return;
+    }
+    // A foreign message broke its handshake mid-step, or an MPI call failed with
+    // requests posted.
+    if (!poisoned.empty()) {
+        (void)op->abandon();
+    }
+    try {
+        abandoned.push_back(std::move(op));
+    } catch (...) {
+        (void)op.release(); // out of memory: leaked, as the abandoned are in the end
+    }
+}
+
 inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
     struct waiting_on {
         const mpi_operation*& slot;
@@ -879,13 +973,8 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
         bool done = false;
         try {
             done = op->progress();
-        } catch (const mismatch_error&) {
-            if (op->idle()) {
-                recycle(std::move(op)); // nothing of it is in flight
-            } else {
-                (void)op.release(); // a foreign message broke its handshake mid-step
-            }
-            throw;
+        } catch (...) {
+            rethrow_failed(std::move(op));
         }
         if (done) {
             recycle(std::move(op));
