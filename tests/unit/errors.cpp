@@ -61,6 +61,18 @@ TEST_CASE("errors: backend errors carry the backend's code") {
     CHECK(argument.code() == 0);
 }
 
+TEST_CASE("errors: a note appended to an error keeps its type, rank, operation and code") {
+    const unison::mpi_error first(2, "all_reduce #3", "MPI_Testall failed: MPI_ERR_OTHER", 16);
+    const unison::mpi_error noted(first, "; keep the buffers");
+    CHECK(std::string(noted.what()) ==
+          "unison: rank 2: all_reduce #3: MPI_Testall failed: MPI_ERR_OTHER; keep the buffers");
+    CHECK(noted.rank() == 2);
+    CHECK(noted.operation() == "all_reduce #3");
+    CHECK(noted.code() == 16);
+    CHECK(std::string(first.what()) ==
+          "unison: rank 2: all_reduce #3: MPI_Testall failed: MPI_ERR_OTHER");
+}
+
 TEST_CASE("errors: mismatch_error names the other rank and the field") {
     const unison::mismatch_error e(0, "broadcast #3", "root differs: rank 0 has 0 but rank 2 has 1",
                                    2, "root");
