@@ -8,7 +8,11 @@
 //      failure reaches the caller from request.wait());
 //   2. a send, while a new communicator's first all_reduce posts its handshake
 //      (the failure reaches the caller from the call itself, after its receive
-//      was posted).
+//      was posted);
+//   3. a poll in the handshake of the first of two non-blocking all-reduces that
+//      post MPI's own collective (`native`): the second must not post its
+//      MPI_Iallreduce past the failed one, which a peer would match with its own
+//      first (every rank's calls then end in errors, none with wrong sums).
 // Each time the failing rank must get an mpi_error naming the call and the MPI
 // function (in the first case also saying that MPI may still use the call's
 // buffers; in the second only staging buffers were in MPI's hands), and then have
@@ -154,6 +158,7 @@ int main(int argc, char** argv) {
     // Declared before the environment: MPI may read them until MPI_Finalize.
     std::vector<float> data(std::size_t{16} << 20); // 64 MiB: several steps
     std::vector<float> small(1000);
+    std::vector<float> first(std::size_t{1} << 18), second(std::size_t{1} << 18); // 1 MiB each
     unison::mpi_environment env(argc, argv);
     unison::comm_options options;
     options.timeout = 1s;
@@ -191,6 +196,38 @@ int main(int argc, char** argv) {
             expect_timeout(comm, small, "all_reduce #0");
         }
     }
+    {
+        unison::comm_options native = options;
+        native.all_reduce_algorithm = unison::algorithm::native;
+        unison::mpi_communicator comm(MPI_COMM_WORLD, native);
+        const int n = comm.size();
+        const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+        std::fill(first.begin(), first.end(), 1.0f + static_cast<float>(rank));
+        std::fill(second.begin(), second.end(), 100.0f * (1.0f + static_cast<float>(rank)));
+        auto a = unison::all_reduce_async(comm, first);
+        auto b = unison::all_reduce_async(comm, second);
+        if (rank == n - 1) {
+            polls_before_failure = 0;
+        }
+        const auto settle = [&](unison::mpi_request& request, const std::vector<float>& data,
+                                float want, const char* label) {
+            try {
+                request.wait();
+                const bool right =
+                    std::all_of(data.begin(), data.end(), [&](float x) { return x == want; });
+                std::fprintf(stderr, "mpi_failed_call: rank %d: %s completed, %s\n", rank, label,
+                             right ? "right" : "WRONG");
+                expect(right, rank, std::string(label) + " completed with wrong sums");
+                expect(rank != n - 1 || std::string_view(label) != "all_reduce #0", rank,
+                       "the failed call completed");
+            } catch (const unison::error& e) {
+                std::fprintf(stderr, "mpi_failed_call: rank %d, native: %s\n", rank, e.what());
+            }
+        };
+        settle(a, first, ranks_sum, "all_reduce #0");
+        settle(b, second, 100.0f * ranks_sum, "all_reduce #1");
+    }
+    MPI_Barrier(MPI_COMM_WORLD); // every rank is done waiting before the exit's bound starts
     std::fprintf(stderr, "mpi_failed_call: rank %d returns from main with %d failures\n", rank,
                  failures);
     return failures == 0 ? 0 : 1;

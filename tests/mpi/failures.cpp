@@ -149,6 +149,40 @@ TEST_CASE("mpi: mismatched count, dtype, op, root or operation is an error befor
     }
 }
 
+TEST_CASE("mpi: a recv of another count is a mismatch, and the communicator still works") {
+    auto comm = world(10s, false);
+    if (comm.size() < 2) {
+        return;
+    }
+    // Rank 0 sends 1000 floats to rank 1, which receives into 500 (a longer message,
+    // which MPI would cut short) and then into 2000 (a shorter one), on one tag.
+    const std::vector<float> sent = values(0, 1000);
+    for (const std::size_t room : {std::size_t{500}, std::size_t{2000}}) {
+        CAPTURE(room);
+        if (comm.rank() == 0) {
+            unison::send(comm, std::span<const float>(sent), 1, 7);
+        } else if (comm.rank() == 1) {
+            std::vector<float> got(room, -1.0f);
+            bool caught = false;
+            try {
+                unison::recv(comm, std::span<float>(got), 0, 7);
+            } catch (const unison::mismatch_error& e) {
+                caught = true;
+                CAPTURE(e.what());
+                CHECK(e.field() == "count");
+                CHECK(e.other_rank() == 0);
+                CHECK(e.operation() ==
+                      "recv #" + std::to_string(room == 500 ? 0 : 1) + " (peer 0, tag 7)");
+                CHECK(std::string(e.what()).find("from rank 0 but 1000 arrived") !=
+                      std::string::npos);
+            }
+            CHECK(caught);
+            CHECK(got == std::vector<float>(room, -1.0f)); // untouched
+        }
+    }
+    check_still_in_step(comm);
+}
+
 TEST_CASE("mpi: a slow rank makes the others time out with the operation, sequence and a rank") {
     std::vector<float> x = values(0, 1000); // outlives comm: an abandoned call may still write it
     auto comm = world(300ms, false);

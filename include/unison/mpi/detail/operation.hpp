@@ -154,10 +154,11 @@ public:
     /// a timeout.
     void failed(const call_label& label, const std::exception_ptr& e) noexcept;
     /// Takes back `op`, whose call failed: for reuse when MPI holds none of its
-    /// requests; otherwise it is kept, never freed while MPI may still write into
-    /// its staging, scratch or the caller's buffers (with the abandoned calls; once
-    /// the communicator is unusable, its receives are cancelled first, as after a
-    /// timeout).
+    /// requests and the communicator is still usable; otherwise it is kept with the
+    /// abandoned calls, never freed while MPI may still write into its staging,
+    /// scratch or the caller's buffers. Once the communicator is unusable, it stays
+    /// first in the post queue and what MPI allows is cancelled (abandon), as after
+    /// a timeout.
     void retire_failed(std::unique_ptr<mpi_operation> op) noexcept;
     /// In a handler of the error `op`'s call threw: retires `op` and rethrows; an
     /// mpi_error with requests of the call past its handshake still posted then says
@@ -658,9 +659,7 @@ private:
             post(MPI_Isend(c.send, int_count(c.count), t, c.root, c.tag, comm, next_request()),
                  "MPI_Isend");
             return;
-        case operation::recv:
-            post(MPI_Irecv(c.recv, int_count(c.count), t, c.root, c.tag, comm, next_request()),
-                 "MPI_Irecv");
+        case operation::recv: // posted once the message is here (receive_probed)
             return;
         case operation::barrier: // the handshake was one
             return;
@@ -706,13 +705,17 @@ public:
     }
     /// Ends the call with `e`, kept for its own wait (see mpi_rank_state::failed).
     void fail(std::exception_ptr e) noexcept {
-        if (phase_ == phase::handshake) {
-            state_.posted(this); // never will
-        }
         done_ = true;
         error_ = e;
         span_.end("error");
         state_.failed(label_, error_);
+        if (phase_ == phase::handshake && state_.poisoned.empty()) {
+            // Every rank's call failed alike: later collectives may post. After an
+            // error that left the peers in this call, it stays first in the post
+            // queue, as a timed-out call does: were a later call to post its MPI
+            // collective, a peer could match it with this one's.
+            state_.posted(this); // never will
+        }
     }
 
 private:
@@ -751,20 +754,77 @@ private:
             if (!node_gather_->progress()) {
                 return;
             }
-        } else {
+        } else if (call_.op == operation::recv) {
+            if (!receive_probed()) {
+                return;
+            }
             int flag = 0;
-            MPI_Status statuses[2];
-            UNISON_CHECK_MPI(MPI_Testall(active_, requests_, &flag, statuses), state_.rank,
+            UNISON_CHECK_MPI(MPI_Test(&requests_[0], &flag, MPI_STATUS_IGNORE), state_.rank,
                              label());
             if (flag == 0) {
                 return;
             }
             active_ = 0;
-            if (call_.op == operation::recv) {
-                check_received(statuses[0]);
+            if (arrived_bytes_ != call_.count * size_of(call_.type)) {
+                throw_other_count();
             }
+        } else {
+            int flag = 0;
+            UNISON_CHECK_MPI(MPI_Testall(active_, requests_, &flag, MPI_STATUSES_IGNORE),
+                             state_.rank, label());
+            if (flag == 0) {
+                return;
+            }
+            active_ = 0;
         }
         finish();
+    }
+
+    /// A recv: true once its message is being received. Its receive is posted only
+    /// when MPI holds the message (MPI_Improbe), so that a message of another size
+    /// never meets the caller's buffer: a longer one would be cut short (an error
+    /// that MPICH makes fatal to the job in MPI_Test), a shorter one leave the rest
+    /// stale. One of another size goes into scratch, and the recv then throws.
+    bool receive_probed() {
+        if (active_ != 0) {
+            return true;
+        }
+        int flag = 0;
+        MPI_Message message = MPI_MESSAGE_NULL;
+        MPI_Status status;
+        UNISON_CHECK_MPI(MPI_Improbe(call_.root, call_.tag, state_.comm, &flag, &message, &status),
+                         state_.rank, label());
+        if (flag == 0) {
+            return false;
+        }
+        int bytes = 0;
+        MPI_Get_count(&status, MPI_BYTE, &bytes);
+        arrived_bytes_ = static_cast<std::size_t>(bytes);
+        if (arrived_bytes_ == call_.count * size_of(call_.type)) {
+            post(MPI_Imrecv(call_.recv, int_count(call_.count), mpi_datatype(call_.type), &message,
+                            next_request()),
+                 "MPI_Imrecv");
+        } else {
+            scratch_ = state_.take_scratch(arrived_bytes_);
+            post(MPI_Imrecv(scratch_.data(), bytes, MPI_BYTE, &message, next_request()),
+                 "MPI_Imrecv");
+        }
+        return true;
+    }
+
+    /// A recv whose message had another size (received into scratch): a mismatch
+    /// of counts, the caller's buffer untouched.
+    [[noreturn]] void throw_other_count() const {
+        const std::size_t es = size_of(call_.type);
+        throw mismatch_error(state_.rank, label(),
+                             "expected " + describe(call_.count, call_.type) + " from rank " +
+                                 std::to_string(call_.root) + " but " +
+                                 (arrived_bytes_ % es == 0
+                                      ? std::to_string(arrived_bytes_ / es)
+                                      : std::to_string(arrived_bytes_) + " bytes, not whole " +
+                                            std::string(to_string(call_.type)) + " elements,") +
+                                 " arrived (received and dropped; the buffer is untouched)",
+                             call_.root, "count");
     }
 
     void check_int(std::size_t count) const {
@@ -788,18 +848,6 @@ private:
             throw_mpi_error(rc, state_.rank, label(), what);
         }
         ++active_;
-    }
-
-    void check_received(const MPI_Status& status) const {
-        int got = 0;
-        MPI_Get_count(&status, mpi_datatype(call_.type), &got);
-        if (static_cast<std::size_t>(got) != call_.count) {
-            throw mismatch_error(state_.rank, label(),
-                                 "expected " + describe(call_.count, call_.type) + " from rank " +
-                                     std::to_string(call_.root) + " but " + std::to_string(got) +
-                                     " arrived",
-                                 call_.root, "count");
-        }
     }
 
     void finish() {
@@ -847,6 +895,7 @@ private:
     bool stage_all_ = false;               ///< coalesced: every piece staged (a small call)
     std::vector<mpi_ring_extent> extents_; ///< coalesced: the ring's elements
     std::vector<int> counts_, displs_;
+    std::size_t arrived_bytes_ = 0; ///< recv: the size of the message probed
 };
 
 inline std::unique_ptr<mpi_operation> mpi_rank_state::acquire(const collective_call& call,
@@ -945,14 +994,17 @@ inline void mpi_rank_state::failed(const call_label& label, const std::exception
 }
 
 inline void mpi_rank_state::retire_failed(std::unique_ptr<mpi_operation> op) noexcept {
-    deactivate(op.get());
-    if (op->idle()) {
-        recycle(std::move(op)); // nothing of it is in flight
-        return;
-    }
-    // A foreign message broke its handshake mid-step, or an MPI call failed with
-    // requests posted.
-    if (!poisoned.empty()) {
+    erase_from(in_flight_, op.get());
+    if (poisoned.empty()) {
+        if (op->idle()) {
+            deactivate(op.get());
+            recycle(std::move(op)); // nothing of it is in flight
+            return;
+        }
+        // A foreign message broke its handshake mid-step.
+    } else {
+        // Kept in the post queue (mpi_operation::fail); past its handshake, its
+        // receives are cancelled where MPI allows.
         (void)op->abandon();
     }
     try {
@@ -989,7 +1041,9 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
                 const std::string label = op->label();
                 const std::uint64_t seq = op->sequence();
                 const mpi_peer_report mine = report();
-                poisoned = label + " timed out";
+                if (poisoned.empty()) {
+                    poisoned = label + " timed out";
+                }
                 abandoned_calls::instance().record(
                     {label, static_cast<int>(mine.waiting_for), options.timeout});
                 // Never driven again: in its handshake, the engine must not go on to
@@ -1033,7 +1087,7 @@ inline mpi_rank_state::~mpi_rank_state() {
         }
         return;
     }
-    peers_.close(/*leak=*/!poisoned.empty());
+    peers_.close(/*leak=*/!poisoned.empty() || !abandoned.empty());
     // A call abandoned in its handshake holds only its own staging buffers: cancel it
     // now. Past its handshake, abandon() cancelled what MPI allows when the call
     // timed out. Either way nothing waits for a peer here (it would cost the caller a
