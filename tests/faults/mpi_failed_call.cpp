@@ -10,9 +10,10 @@
 //      (the failure reaches the caller from the call itself, after its receive
 //      was posted);
 //   3. a poll in the handshake of the first of two non-blocking all-reduces that
-//      post MPI's own collective (`native`): the second must not post its
-//      MPI_Iallreduce past the failed one, which a peer would match with its own
-//      first (every rank's calls then end in errors, none with wrong sums).
+//      post MPI's own collective (`native`), and then, on a new communicator, the
+//      first's MPI_Iallreduce itself: the second must not post its MPI_Iallreduce
+//      past the failed one, which a peer would match with its own first (every
+//      rank's calls then end in errors, none with wrong sums).
 // Each time the failing rank must get an mpi_error naming the call and the MPI
 // function (in the first case also saying that MPI may still use the call's
 // buffers; in the second only staging buffers were in MPI's hands), and then have
@@ -42,8 +43,9 @@
 
 namespace {
 
-std::atomic<int> polls_before_failure{-1}; ///< -1: no poll fails
-std::atomic<int> sends_before_failure{-1}; ///< -1: no send fails
+std::atomic<int> polls_before_failure{-1};       ///< -1: no poll fails
+std::atomic<int> sends_before_failure{-1};       ///< -1: no send fails
+std::atomic<int> all_reduces_before_failure{-1}; ///< -1: no MPI_Iallreduce fails
 /// Arms the next poll once a receive of at least 64 KiB is posted (a handshake's
 /// are smaller).
 std::atomic<bool> fail_after_data_receive{false};
@@ -137,6 +139,12 @@ int MPI_Iprobe(int source, int tag, MPI_Comm comm, int* flag, MPI_Status* status
     return fails(polls_before_failure) ? MPI_ERR_OTHER
                                        : PMPI_Iprobe(source, tag, comm, flag, status);
 }
+int MPI_Iallreduce(const void* in, void* out, int count, MPI_Datatype type, MPI_Op op,
+                   MPI_Comm comm, MPI_Request* request) {
+    return fails(all_reduces_before_failure)
+               ? MPI_ERR_OTHER
+               : PMPI_Iallreduce(in, out, count, type, op, comm, request);
+}
 int MPI_Irecv(void* data, int count, MPI_Datatype type, int from, int tag, MPI_Comm comm,
               MPI_Request* request) {
     int size = 0;
@@ -196,7 +204,7 @@ int main(int argc, char** argv) {
             expect_timeout(comm, small, "all_reduce #0");
         }
     }
-    {
+    for (std::atomic<int>* failure : {&polls_before_failure, &all_reduces_before_failure}) {
         unison::comm_options native = options;
         native.all_reduce_algorithm = unison::algorithm::native;
         unison::mpi_communicator comm(MPI_COMM_WORLD, native);
@@ -207,7 +215,7 @@ int main(int argc, char** argv) {
         auto a = unison::all_reduce_async(comm, first);
         auto b = unison::all_reduce_async(comm, second);
         if (rank == n - 1) {
-            polls_before_failure = 0;
+            *failure = 0;
         }
         const auto settle = [&](unison::mpi_request& request, const std::vector<float>& data,
                                 float want, const char* label) {

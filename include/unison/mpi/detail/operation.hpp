@@ -364,6 +364,9 @@ public:
         if (node_gather_) {
             return node_gather_->waiting_for();
         }
+        if (call_.op == operation::send || call_.op == operation::recv) {
+            return call_.root;
+        }
         return ring_ ? ring_->previous() : -1;
     }
     /// True when none of its requests is in MPI's hands.
@@ -659,7 +662,9 @@ private:
             post(MPI_Isend(c.send, int_count(c.count), t, c.root, c.tag, comm, next_request()),
                  "MPI_Isend");
             return;
-        case operation::recv: // posted once the message is here (receive_probed)
+        case operation::recv:
+            post(MPI_Irecv(c.recv, int_count(c.count), t, c.root, c.tag, comm, next_request()),
+                 "MPI_Irecv");
             return;
         case operation::barrier: // the handshake was one
             return;
@@ -709,11 +714,12 @@ public:
         error_ = e;
         span_.end("error");
         state_.failed(label_, error_);
-        if (phase_ == phase::handshake && state_.poisoned.empty()) {
+        if (state_.poisoned.empty()) {
             // Every rank's call failed alike: later collectives may post. After an
-            // error that left the peers in this call, it stays first in the post
-            // queue, as a timed-out call does: were a later call to post its MPI
-            // collective, a peer could match it with this one's.
+            // error that left the peers in this call (in its handshake, or posting
+            // its MPI collective), it stays first in the post queue, as a timed-out
+            // call does: were a later call to post its MPI collective, a peer could
+            // match it with this one's.
             state_.posted(this); // never will
         }
     }
@@ -734,13 +740,13 @@ private:
                 finish();
                 return;
             }
-            if (ordered_) {
-                if (!state_.may_post(this)) {
-                    return; // an earlier call posts first
-                }
-                state_.posted(this);
+            if (ordered_ && !state_.may_post(this)) {
+                return; // an earlier call posts first
             }
             post_call();
+            if (ordered_) {
+                state_.posted(this); // only now: see fail()
+            }
         }
         if (ring_) {
             if (!ring_->progress()) {
@@ -755,19 +761,17 @@ private:
                 return;
             }
         } else if (call_.op == operation::recv) {
-            if (!receive_probed()) {
-                return;
-            }
             int flag = 0;
-            UNISON_CHECK_MPI(MPI_Test(&requests_[0], &flag, MPI_STATUS_IGNORE), state_.rank,
-                             label());
+            MPI_Status status;
+            const int rc = MPI_Test(&requests_[0], &flag, &status);
+            if (rc != MPI_SUCCESS) {
+                received_in_error(rc);
+            }
             if (flag == 0) {
                 return;
             }
             active_ = 0;
-            if (arrived_bytes_ != call_.count * size_of(call_.type)) {
-                throw_other_count();
-            }
+            check_received(status);
         } else {
             int flag = 0;
             UNISON_CHECK_MPI(MPI_Testall(active_, requests_, &flag, MPI_STATUSES_IGNORE),
@@ -780,51 +784,43 @@ private:
         finish();
     }
 
-    /// A recv: true once its message is being received. Its receive is posted only
-    /// when MPI holds the message (MPI_Improbe), so that a message of another size
-    /// never meets the caller's buffer: a longer one would be cut short (an error
-    /// that MPICH makes fatal to the job in MPI_Test), a shorter one leave the rest
-    /// stale. One of another size goes into scratch, and the recv then throws.
-    bool receive_probed() {
-        if (active_ != 0) {
-            return true;
+    /// A recv that MPI completed with error `rc`: a message longer than the buffer
+    /// (cut short to fit) is a mismatch of counts, and the communicator stays
+    /// usable; anything else is an mpi_error. (MPICH 4.0 ends the job on a cut-short
+    /// receive instead, whatever the communicator's error handler.) The receive is
+    /// posted before the message arrives, as MPI's own is, so that MPI can complete
+    /// the sender's transfer while this rank is in another call or communicator.
+    [[noreturn]] void received_in_error(int rc) {
+        if (requests_[0] != MPI_REQUEST_NULL) {
+            MPI_Request_free(&requests_[0]); // completed: MPI is done with it
         }
-        int flag = 0;
-        MPI_Message message = MPI_MESSAGE_NULL;
-        MPI_Status status;
-        UNISON_CHECK_MPI(MPI_Improbe(call_.root, call_.tag, state_.comm, &flag, &message, &status),
-                         state_.rank, label());
-        if (flag == 0) {
-            return false;
+        active_ = 0;
+        int kind = MPI_ERR_OTHER;
+        MPI_Error_class(rc, &kind);
+        if (kind == MPI_ERR_TRUNCATE) {
+            throw mismatch_error(state_.rank, label(),
+                                 "expected " + describe(call_.count, call_.type) + " from rank " +
+                                     std::to_string(call_.root) +
+                                     " but a longer message arrived (MPI_ERR_TRUNCATE: the "
+                                     "buffer holds its first part)",
+                                 call_.root, "count");
         }
-        int bytes = 0;
-        MPI_Get_count(&status, MPI_BYTE, &bytes);
-        arrived_bytes_ = static_cast<std::size_t>(bytes);
-        if (arrived_bytes_ == call_.count * size_of(call_.type)) {
-            post(MPI_Imrecv(call_.recv, int_count(call_.count), mpi_datatype(call_.type), &message,
-                            next_request()),
-                 "MPI_Imrecv");
-        } else {
-            scratch_ = state_.take_scratch(arrived_bytes_);
-            post(MPI_Imrecv(scratch_.data(), bytes, MPI_BYTE, &message, next_request()),
-                 "MPI_Imrecv");
-        }
-        return true;
+        throw_mpi_error(rc, state_.rank, label(), "MPI_Test");
     }
 
-    /// A recv whose message had another size (received into scratch): a mismatch
-    /// of counts, the caller's buffer untouched.
-    [[noreturn]] void throw_other_count() const {
-        const std::size_t es = size_of(call_.type);
-        throw mismatch_error(state_.rank, label(),
-                             "expected " + describe(call_.count, call_.type) + " from rank " +
-                                 std::to_string(call_.root) + " but " +
-                                 (arrived_bytes_ % es == 0
-                                      ? std::to_string(arrived_bytes_ / es)
-                                      : std::to_string(arrived_bytes_) + " bytes, not whole " +
-                                            std::string(to_string(call_.type)) + " elements,") +
-                                 " arrived (received and dropped; the buffer is untouched)",
-                             call_.root, "count");
+    /// A completed recv: a shorter message than the buffer is a mismatch of counts.
+    void check_received(const MPI_Status& status) const {
+        int got = 0;
+        MPI_Get_count(&status, mpi_datatype(call_.type), &got);
+        if (static_cast<std::size_t>(got) != call_.count) {
+            throw mismatch_error(state_.rank, label(),
+                                 "expected " + describe(call_.count, call_.type) + " from rank " +
+                                     std::to_string(call_.root) + " but " +
+                                     (got == MPI_UNDEFINED ? std::string("a part of an element")
+                                                           : std::to_string(got)) +
+                                     " arrived (written to the buffer's start)",
+                                 call_.root, "count");
+        }
     }
 
     void check_int(std::size_t count) const {
@@ -895,7 +891,6 @@ private:
     bool stage_all_ = false;               ///< coalesced: every piece staged (a small call)
     std::vector<mpi_ring_extent> extents_; ///< coalesced: the ring's elements
     std::vector<int> counts_, displs_;
-    std::size_t arrived_bytes_ = 0; ///< recv: the size of the message probed
 };
 
 inline std::unique_ptr<mpi_operation> mpi_rank_state::acquire(const collective_call& call,
