@@ -139,6 +139,10 @@ public:
         return !to_post_.empty() && to_post_.front() == op;
     }
     void posted(mpi_operation* op) noexcept { erase_from(to_post_, op); }
+    /// True when the earliest call still to post has failed, after an error that
+    /// made the communicator unusable (it stays first, mpi_operation::fail): no
+    /// call behind it will ever post.
+    bool post_blocked() const noexcept;
 
     /// Polls `op` to completion or throws timeout_error at the deadline (after which
     /// the communicator is unusable: MPI cannot cancel a collective).
@@ -741,6 +745,13 @@ private:
                 return;
             }
             if (ordered_ && !state_.may_post(this)) {
+                if (state_.post_blocked()) {
+                    // An earlier call failed and stays first: this one never posts.
+                    throw error(state_.rank, label(),
+                                "this communicator became unusable while the call waited to "
+                                "post its MPI collective, since " +
+                                    state_.poisoned);
+                }
                 return; // an earlier call posts first
             }
             post_call();
@@ -938,6 +949,10 @@ inline void mpi_rank_state::recycle(std::unique_ptr<mpi_operation> op) noexcept 
     }
 }
 
+inline bool mpi_rank_state::post_blocked() const noexcept {
+    return !to_post_.empty() && to_post_.front()->done();
+}
+
 inline void mpi_rank_state::start(std::unique_ptr<mpi_operation>& op) {
     try {
         op->start();
@@ -976,10 +991,12 @@ inline void mpi_rank_state::failed(const call_label& label, const std::exception
             const std::string_view what = x.what();
             const std::string lead = label.str() + ": ";
             const std::size_t at = what.find(lead);
-            poisoned =
-                label.str() + " failed (" +
-                std::string(at == std::string_view::npos ? what : what.substr(at + lead.size())) +
-                ")";
+            const std::string failure(at == std::string_view::npos ? what
+                                                                   : what.substr(at + lead.size()));
+            poisoned = label.str() + " failed (" + failure + ")";
+            // Its peers are left in the call: this process's exit is bounded as
+            // after a timeout (mpi_environment).
+            abandoned_calls::instance().record({label.str(), -1, options.timeout, failure});
         } catch (...) {
             poisoned = "a call failed";
         }
@@ -1040,7 +1057,7 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
                     poisoned = label + " timed out";
                 }
                 abandoned_calls::instance().record(
-                    {label, static_cast<int>(mine.waiting_for), options.timeout});
+                    {label, static_cast<int>(mine.waiting_for), options.timeout, {}});
                 // Never driven again: in its handshake, the engine must not go on to
                 // hand MPI the user's buffers (it stays first in the post queue, so
                 // no later collective posts past it either); past it, unison must not
