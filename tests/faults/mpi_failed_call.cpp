@@ -15,7 +15,6 @@
 //      past the failed one, which a peer would match with its own first (every
 //      rank's calls then end in errors, none with wrong sums), and on the failing
 //      rank it fails at once, saying why, instead of waiting out its timeout.
-// With the argument `peer-stops` it runs peer_stops() below instead.
 // Each time the failing rank must get an mpi_error naming the call and the MPI
 // function (in the first case also saying that MPI may still use the call's
 // buffers; in the second only staging buffers were in MPI's hands), and then have
@@ -33,7 +32,6 @@
 #include <unison/mpi.hpp>
 
 #include <mpi.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -164,35 +162,6 @@ int MPI_Isend(const void* data, int count, MPI_Datatype type, int to, int tag, M
 }
 }
 
-/// With the argument `peer-stops`: the last rank's all_reduce fails (a send) and
-/// rank 0 then stops for good (SIGSTOP) instead of coming to the call. The last
-/// rank's exit is bounded by its communicator's timeout, as after a timeout:
-/// mpi_environment ends the job (MPI_Abort, exit status 75), naming the failed
-/// call, rather than wait for rank 0 in MPI_Finalize forever.
-int peer_stops(unison::mpi_environment&, const unison::comm_options& options) {
-    unison::mpi_communicator comm(MPI_COMM_WORLD, options);
-    std::vector<float> x(1000, 1.0f);
-    unison::all_reduce(comm, x); // everyone is here
-    if (comm.rank() == comm.size() - 1) {
-        sends_before_failure = 0;
-        try {
-            unison::all_reduce(comm, x);
-        } catch (const unison::mpi_error& e) {
-            std::fprintf(stderr, "mpi_failed_call: rank %d caught: %s\n", comm.rank(), e.what());
-        }
-    } else if (comm.rank() == 0) {
-        ::raise(SIGSTOP); // for good: only the launcher's kill ends this process
-    } else {
-        try {
-            unison::all_reduce(comm, x);
-        } catch (const unison::timeout_error& e) {
-            std::fprintf(stderr, "mpi_failed_call: rank %d caught: %s\n", comm.rank(), e.what());
-        }
-    }
-    std::fprintf(stderr, "mpi_failed_call: rank %d returns from main\n", comm.rank());
-    return 0; // mpi_environment's destructor decides how this process leaves
-}
-
 int main(int argc, char** argv) {
     using namespace std::chrono_literals;
     // Declared before the environment: MPI may read them until MPI_Finalize.
@@ -202,9 +171,6 @@ int main(int argc, char** argv) {
     unison::mpi_environment env(argc, argv);
     unison::comm_options options;
     options.timeout = 1s;
-    if (argc > 1 && std::string_view(argv[1]) == "peer-stops") {
-        return peer_stops(env, options);
-    }
     int rank = 0;
     {
         unison::mpi_communicator comm(MPI_COMM_WORLD, options);

@@ -127,17 +127,12 @@ private:
         int rank = -1;
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
         const auto call = detail::abandoned_calls::instance().first();
-        const std::string timeout = std::to_string(call->timeout.count()) + " ms";
         const std::string why =
-            call->label +
-            (call->failure.empty() ? " timed out after " + timeout
-                                   : " failed (" + call->failure + ")") +
+            call->label + " timed out after " + std::to_string(call->timeout.count()) + " ms" +
             (call->waiting_for >= 0 ? ", waiting to hear from rank " +
                                           std::to_string(call->waiting_for) + " of its communicator"
                                     : std::string()) +
-            ", and not every process reached the end of the job within " +
-            (call->failure.empty() ? std::string("that time")
-                                   : timeout + " (the communicator's timeout)");
+            ", and not every process reached the end of the job within that time";
         std::fprintf(stderr,
                      "unison: rank %d: mpi_environment: %s; MPI_Finalize would wait for them "
                      "forever, so this process ends the job: MPI_Abort with exit code %d\n",

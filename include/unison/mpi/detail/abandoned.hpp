@@ -1,11 +1,10 @@
 #pragma once
 
 /// \file
-/// The calls this process abandoned when they timed out or an MPI function failed
-/// in them. MPI cannot cancel a collective, and a peer that stopped answering, or
-/// one left in the failed call, may not reach MPI_Finalize either, so
-/// `mpi_environment` reads this record before it finalizes (environment.hpp: it
-/// ends the job instead of waiting forever).
+/// The calls this process abandoned when they timed out. MPI cannot cancel a
+/// collective, and a peer that stopped answering will not reach MPI_Finalize
+/// either, so `mpi_environment` reads this record before it finalizes
+/// (environment.hpp: it ends the job instead of waiting forever).
 
 #include <algorithm>
 #include <chrono>
@@ -18,8 +17,7 @@ namespace unison::detail {
 struct abandoned_call {
     std::string label;    ///< "all_reduce #12"
     int waiting_for = -1; ///< the communicator rank it was waiting to hear from, or -1
-    std::chrono::milliseconds timeout{0}; ///< its communicator's
-    std::string failure; ///< empty: it timed out; else what failed ("MPI_Testall failed: ...")
+    std::chrono::milliseconds timeout{0};
 };
 
 class abandoned_calls {

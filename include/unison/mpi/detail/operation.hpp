@@ -991,12 +991,10 @@ inline void mpi_rank_state::failed(const call_label& label, const std::exception
             const std::string_view what = x.what();
             const std::string lead = label.str() + ": ";
             const std::size_t at = what.find(lead);
-            const std::string failure(at == std::string_view::npos ? what
-                                                                   : what.substr(at + lead.size()));
-            poisoned = label.str() + " failed (" + failure + ")";
-            // Its peers are left in the call: this process's exit is bounded as
-            // after a timeout (mpi_environment).
-            abandoned_calls::instance().record({label.str(), -1, options.timeout, failure});
+            poisoned =
+                label.str() + " failed (" +
+                std::string(at == std::string_view::npos ? what : what.substr(at + lead.size())) +
+                ")";
         } catch (...) {
             poisoned = "a call failed";
         }
@@ -1057,7 +1055,7 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
                     poisoned = label + " timed out";
                 }
                 abandoned_calls::instance().record(
-                    {label, static_cast<int>(mine.waiting_for), options.timeout, {}});
+                    {label, static_cast<int>(mine.waiting_for), options.timeout});
                 // Never driven again: in its handshake, the engine must not go on to
                 // hand MPI the user's buffers (it stays first in the post queue, so
                 // no later collective posts past it either); past it, unison must not
