@@ -9,16 +9,28 @@
 #
 #   bench/simulation/simulate.sh [-p "flat two_level fat_tree"] [-n "2 4 8"]
 #       [-s "ompi mpich"] [-o out.csv] [-t seconds] [--shared-from N]
-#       [--node-ranks N] [-d allreduce_sim|engine_sim] [-- driver options]
+#       [--node-ranks N] [--node-link LATENCY,BANDWIDTH]
+#       [-d allreduce_sim|engine_sim|node_probe] [-- driver options]
 #
 # --node-ranks places N ranks on each host of the two_level platform (default 8,
 # its hosts' cores): nodes of 2, 4 or 16 ranks sharing the same links, to see a
 # tuning bound on another node size (the other platforms keep a rank per host).
+# --node-link gives two_level's nodes another memory system than the file's
+# (0.3us,100GBps), in SimGrid's units, e.g. --node-link 0.135us,8.5GBps: the
+# values that make the simulated node's messages take what a real node's take
+# (-d node_probe, below; docs/measurements.md, "How far the simulated node is from
+# a real one").
 #
 # -d engine_sim runs the other driver, engine_sim.cpp: the engines' start() and
 # the fixed cost of a step of a tiny model (ddp and fsdp), under the first
 # selector only (the engines call unison's collectives alone), printing
 # platform,selector,ranks,engine,phase,us,calls,correct.
+#
+# -d node_probe runs node_probe.cpp, MPI alone: the one-way time of a message
+# between ranks 0 and 1 from 8 B to 4 MiB and the cost of an MPI_Test that finds
+# nothing, printing platform,selector,ranks,what,bytes,us. At 2 ranks on two_level
+# the pair shares a node; on flat it crosses the network. The same program under
+# a real MPI gives the figures to set against them.
 #
 # Unison's own rows do not depend on the selector (only the MPI's call does), so
 # they run under the first selector only. From --shared-from ranks on (default
@@ -47,6 +59,7 @@ out=/dev/stdout
 limit=600
 shared_from=256
 node_ranks=8
+node_link=
 driver_name=allreduce_sim
 driver_args=()
 while [ $# -gt 0 ]; do
@@ -58,6 +71,7 @@ while [ $# -gt 0 ]; do
     -t) limit=$2; shift 2 ;;
     --shared-from) shared_from=$2; shift 2 ;;
     --node-ranks) node_ranks=$2; shift 2 ;;
+    --node-link) node_link=$2; shift 2 ;;
     -d) driver_name=$2; shift 2 ;;
     --) shift; driver_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
@@ -67,6 +81,13 @@ done
 case "$node_ranks" in
 '' | *[!0-9]* | 0) echo "simulate.sh: --node-ranks takes a positive whole number, not '$node_ranks'" >&2; exit 2 ;;
 esac
+node_lat=${node_link%%,*}
+node_bw=${node_link#*,}
+if [ -n "$node_link" ] && ! [[ "$node_lat" =~ ^[0-9.]+(e-?[0-9]+)?(s|ms|us|ns)$ &&
+    "$node_bw" =~ ^[0-9.]+(e[0-9]+)?(Bps|kBps|MBps|GBps|TBps)$ && "$node_link" == *,* ]]; then
+    echo "simulate.sh: --node-link takes LATENCY,BANDWIDTH such as 0.135us,8.5GBps, not '$node_link'" >&2
+    exit 2
+fi
 for tool in smpicxx smpirun; do
     command -v "$tool" >/dev/null || {
         echo "simulate.sh: $tool not found: install SimGrid (apt-get install libsimgrid-dev)" >&2
@@ -80,7 +101,11 @@ engine_sim)
     header="platform,selector,ranks,engine,phase,us,calls,correct"
     selectors=${selectors%% *} # unison's calls alone: one selector is enough
     ;;
-*) echo "simulate.sh: -d takes allreduce_sim or engine_sim, not '$driver_name'" >&2; exit 2 ;;
+node_probe)
+    header="platform,selector,ranks,what,bytes,us"
+    selectors=${selectors%% *} # MPI's point-to-point calls alone
+    ;;
+*) echo "simulate.sh: -d takes allreduce_sim, engine_sim or node_probe, not '$driver_name'" >&2; exit 2 ;;
 esac
 
 build=${UNISON_SIM_BUILD:-$root/build/simulation}
@@ -110,6 +135,15 @@ echo "$header" >"$out"
 for platform in $platforms; do
     xml=$here/platforms/$platform.xml
     [ -f "$xml" ] || { echo "simulate.sh: no platform file $xml" >&2; exit 2; }
+    if [ -n "$node_link" ] && [ "$platform" = two_level ]; then
+        sed -e "s/loopback_bw=\"[^\"]*\"/loopback_bw=\"$node_bw\"/" \
+            -e "s/loopback_lat=\"[^\"]*\"/loopback_lat=\"$node_lat\"/" "$xml" >"$work/two_level.xml"
+        grep -q "loopback_lat=\"$node_lat\"" "$work/two_level.xml" || {
+            echo "simulate.sh: $xml has no loopback_lat for --node-link to set" >&2
+            exit 2
+        }
+        xml=$work/two_level.xml
+    fi
     for n in $ranks; do
         first=1
         for selector in $selectors; do

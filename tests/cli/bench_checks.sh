@@ -194,7 +194,8 @@ PY
 # all-reduce algorithm on a flat and a two-level cluster, at 3, 4, 5 and 10 ranks
 # (groups of three and five: 10 ranks halve within each fifth first), the
 # reduce_scatter and all_gather at 4, 5 and 10, the engines' driver (engine_sim) at
-# 3, and the tuning's choice on nodes of 3 ranks at 4, 6 and 7, each result checked,
+# 3, node_probe on one node (with and without --node-link), and the tuning's choice
+# on nodes of 3 ranks at 4, 6 and 7, each result checked,
 # and cost_model.py's mirror of the tuning against every choice; skipped (77,
 # simulate.sh says why) where SimGrid is not installed. ARGS: build directory,
 # cost_model.py.
@@ -219,6 +220,24 @@ simulation() {
         -s 2 -w 1) || return $?
     echo "$more"
     ! grep -q ',wrong$' <<<"$more" && [ "$(grep -c ',ok$' <<<"$more")" -eq 4 ] || return 1
+    # node_probe (MPI alone): one node of two_level as the file has it and with
+    # --node-link's slower memory, 11 rows each (10 message sizes and the poll); the
+    # 2 MiB message must take longer on the slower node, and a --node-link that is
+    # not LATENCY,BANDWIDTH is a usage error.
+    local probe slow
+    probe=$(UNISON_SIM_BUILD="$build" bash "$prog" -d node_probe -p two_level -n 2 -t 120) || return $?
+    slow=$(UNISON_SIM_BUILD="$build" bash "$prog" -d node_probe -p two_level -n 2 -t 120 \
+        --node-link 0.135us,8.5GBps) || return $?
+    echo "$probe"
+    echo "$slow"
+    [ "$(grep -c ',one_way,\|,test_pending,' <<<"$probe")" -eq 11 ] &&
+        [ "$(grep -c ',one_way,\|,test_pending,' <<<"$slow")" -eq 11 ] || return 1
+    awk -F, -v a="$(grep ',one_way,2097152,' <<<"$probe" | cut -d, -f6)" \
+        -v b="$(grep ',one_way,2097152,' <<<"$slow" | cut -d, -f6)" \
+        'BEGIN { exit !(a > 0 && b > 5 * a) }' || { echo "--node-link did not slow the node"; return 1; }
+    UNISON_SIM_BUILD="$build" bash "$prog" -d node_probe -p two_level -n 2 --node-link 8.5GBps \
+        >/dev/null 2>&1 && { echo "--node-link 8.5GBps was taken"; return 1; }
+    [ $? -eq 2 ] || { echo "--node-link 8.5GBps: not a usage error (2)"; return 1; }
     # Nodes of 3 ranks (--node-ranks): the all-reduce's rules for nodes not all full
     # and for a few ranks over small nodes. 3 rank counts x 4 sizes x (the tuning's
     # choice + MPI, then MPI under mpich).
