@@ -140,7 +140,7 @@ TUNING = {
     "node_ring_min_bytes": 64 * KIB,
     "node_large_ring_max_ranks": 4,
     "node_large_ring_min_bytes": 1 * MIB,
-    "node_rabenseifner_min_bytes": 128 * KIB,
+    "node_rabenseifner_min_bytes": 64 * KIB,
     "few_ranks_rabenseifner_min_bytes": 2 * MIB,
     "some_ranks_rabenseifner_min_bytes": 16 * KIB,
     "many_ranks_rabenseifner_min_bytes": 16 * KIB,

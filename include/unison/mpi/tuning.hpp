@@ -132,9 +132,22 @@ static_assert(node_large_ring_max_ranks > node_ring_max_ranks &&
 // Rabenseifner beat recursive doubling. Two ranks on two nodes: never (both move
 // the buffer once each way, recursive doubling in one message).
 
+// On one node the measure is less sure: the simulated node (a 100 GB/s, 0.3 us
+// link) is not a real one. A node simulated with this machine's measured memory
+// (--node-link 0.135us,8.5GBps; docs/measurements.md, "How far the simulated node
+// is from a real one") put recursive doubling at 1.18-1.62x MPI's best at 16-64
+// KiB on 4 and 8 ranks, and Rabenseifner's at 0.95-1.03x; on the file's node
+// recursive doubling led (0.71-0.97x against 0.96-1.21x). Real processes (4 on 2
+// cores, 2026-12-07) put recursive doubling ahead at 16-32 KiB (1.14-1.48x raw MPI
+// against 1.44-1.69x, 2-5 runs) and Rabenseifner's a little at 64 KiB (medians of 5
+// to 8 runs out of place 1.27x against 1.42x, in place 1.39x against 1.40x). From
+// 64 KiB Rabenseifner's is within 1.1x on both simulated nodes
+// (1.07-1.09x on the file's, 0.95-0.96x on the measured one); recursive doubling
+// is not (1.18-1.57x on the measured one). So it starts there (128 KiB before).
+
 /// More ranks on one node than node_ring_max_ranks (the node's memory shared by
 /// all: nodes of 8 ranks, 4 and 8 of them).
-inline constexpr std::size_t node_rabenseifner_min_bytes = 128 * 1024;
+inline constexpr std::size_t node_rabenseifner_min_bytes = 64 * 1024;
 static_assert(node_large_ring_min_bytes > node_rabenseifner_min_bytes,
               "on a node of 4, Rabenseifner's has sizes before the ring takes over");
 /// Several nodes, up to 4 ranks ...
