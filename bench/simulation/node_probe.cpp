@@ -1,7 +1,7 @@
 // Measures what the simulation's clusters are made of, so that a simulated node or
 // link can be set against a real one: the one-way time of a message between two
 // ranks (half a ping-pong's round trip, the best of several rounds) from 8 bytes to
-// 4 MiB, and what one MPI_Test of a receive that stays pending costs (what every
+// 2 MiB by factors of 4, and what one MPI_Test of a receive that stays pending costs (what every
 // poll of unison's waits costs, which the simulation charges at a fixed price).
 // It uses MPI alone, not unison. bench/simulation/simulate.sh builds it with
 // SimGrid's smpicxx and runs it under smpirun (`-d node_probe`: on two_level at 2
@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     }
     if (rank == 0)
         std::printf("ranks,what,bytes,us\n");
-    constexpr std::size_t largest = std::size_t{4} << 20;
+    constexpr std::size_t largest = std::size_t{2} << 20;
     std::vector<char> buffer(largest, 1);
     const int peer = rank == 0 ? 1 : 0;
     const bool pair = rank < 2;

@@ -17,9 +17,9 @@
 # tuning bound on another node size (the other platforms keep a rank per host).
 # --node-link gives two_level's nodes another memory system than the file's
 # (0.3us,100GBps), in SimGrid's units, e.g. --node-link 0.135us,8.5GBps: the
-# values that make the simulated node's messages take what a real node's take
-# (-d node_probe, below; docs/measurements.md, "How far the simulated node is from
-# a real one").
+# values that roughly fit this 2-core machine's shared memory from 32 KiB (-d
+# node_probe, below; docs/measurements.md, "How far the simulated node is from a
+# real one").
 #
 # -d engine_sim runs the other driver, engine_sim.cpp: the engines' start() and
 # the fixed cost of a step of a tiny model (ddp and fsdp), under the first
@@ -27,7 +27,7 @@
 # platform,selector,ranks,engine,phase,us,calls,correct.
 #
 # -d node_probe runs node_probe.cpp, MPI alone: the one-way time of a message
-# between ranks 0 and 1 from 8 B to 4 MiB and the cost of an MPI_Test that finds
+# between ranks 0 and 1 from 8 B to 2 MiB and the cost of an MPI_Test that finds
 # nothing, printing platform,selector,ranks,what,bytes,us. At 2 ranks on two_level
 # the pair shares a node; on flat it crosses the network. The same program under
 # a real MPI gives the figures to set against them.
@@ -60,6 +60,7 @@ limit=600
 shared_from=256
 node_ranks=8
 node_link=
+node_link_given=
 driver_name=allreduce_sim
 driver_args=()
 while [ $# -gt 0 ]; do
@@ -71,7 +72,7 @@ while [ $# -gt 0 ]; do
     -t) limit=$2; shift 2 ;;
     --shared-from) shared_from=$2; shift 2 ;;
     --node-ranks) node_ranks=$2; shift 2 ;;
-    --node-link) node_link=$2; shift 2 ;;
+    --node-link) node_link=$2; node_link_given=1; shift 2 ;;
     -d) driver_name=$2; shift 2 ;;
     --) shift; driver_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
@@ -83,8 +84,9 @@ case "$node_ranks" in
 esac
 node_lat=${node_link%%,*}
 node_bw=${node_link#*,}
-if [ -n "$node_link" ] && ! [[ "$node_lat" =~ ^[0-9.]+(e-?[0-9]+)?(s|ms|us|ns)$ &&
-    "$node_bw" =~ ^[0-9.]+(e[0-9]+)?(Bps|kBps|MBps|GBps|TBps)$ && "$node_link" == *,* ]]; then
+number='([0-9]+(\.[0-9]*)?|\.[0-9]+)'
+if [ -n "$node_link_given" ] && ! [[ "$node_lat" =~ ^${number}(e-?[0-9]+)?(s|ms|us|ns)$ &&
+    "$node_bw" =~ ^${number}(e[0-9]+)?(Bps|kBps|MBps|GBps|TBps)$ && "$node_link" == *,* ]]; then
     echo "simulate.sh: --node-link takes LATENCY,BANDWIDTH such as 0.135us,8.5GBps, not '$node_link'" >&2
     exit 2
 fi
@@ -135,11 +137,12 @@ echo "$header" >"$out"
 for platform in $platforms; do
     xml=$here/platforms/$platform.xml
     [ -f "$xml" ] || { echo "simulate.sh: no platform file $xml" >&2; exit 2; }
-    if [ -n "$node_link" ] && [ "$platform" = two_level ]; then
+    if [ -n "$node_link_given" ] && [ "$platform" = two_level ]; then
         sed -e "s/loopback_bw=\"[^\"]*\"/loopback_bw=\"$node_bw\"/" \
             -e "s/loopback_lat=\"[^\"]*\"/loopback_lat=\"$node_lat\"/" "$xml" >"$work/two_level.xml"
-        grep -q "loopback_lat=\"$node_lat\"" "$work/two_level.xml" || {
-            echo "simulate.sh: $xml has no loopback_lat for --node-link to set" >&2
+        grep -q "loopback_lat=\"$node_lat\"" "$work/two_level.xml" &&
+            grep -q "loopback_bw=\"$node_bw\"" "$work/two_level.xml" || {
+            echo "simulate.sh: $xml has no loopback_lat and loopback_bw for --node-link to set" >&2
             exit 2
         }
         xml=$work/two_level.xml

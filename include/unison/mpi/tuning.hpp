@@ -135,15 +135,18 @@ static_assert(node_large_ring_max_ranks > node_ring_max_ranks &&
 // On one node the measure is less sure: the simulated node (a 100 GB/s, 0.3 us
 // link) is not a real one. A node simulated with this machine's measured memory
 // (--node-link 0.135us,8.5GBps; docs/measurements.md, "How far the simulated node
-// is from a real one") put recursive doubling at 1.18-1.62x MPI's best at 16-64
-// KiB on 4 and 8 ranks, and Rabenseifner's at 0.95-1.03x; on the file's node
-// recursive doubling led (0.71-0.97x against 0.96-1.21x). Real processes (4 on 2
-// cores, 2026-12-07) put recursive doubling ahead at 16-32 KiB (1.14-1.48x raw MPI
-// against 1.44-1.69x, 2-5 runs) and Rabenseifner's a little at 64 KiB (medians of 5
-// to 8 runs out of place 1.27x against 1.42x, in place 1.39x against 1.40x). From
-// 64 KiB Rabenseifner's is within 1.1x on both simulated nodes
-// (1.07-1.09x on the file's, 0.95-0.96x on the measured one); recursive doubling
-// is not (1.18-1.57x on the measured one). So it starts there (128 KiB before).
+// is from a real one") put recursive doubling at 1.13-1.74x MPI's best at 16-128
+// KiB on 4 and 8 ranks and Rabenseifner's at 0.99-1.14x; on the file's node
+// recursive doubling led at 16-64 KiB (0.79-0.97x against 1.07-1.21x). Real
+// processes (4 on 2 cores, 2026-12-07) put recursive doubling ahead at 16-32 KiB
+// (1.14-1.48x raw MPI against 1.44-1.69x) and Rabenseifner's a little at 64 KiB
+// (medians of 5 to 8 runs out of place 1.27x against 1.42x, in place 1.39x
+// against 1.40x). At 64 KiB Rabenseifner's is within 1.1x on both simulated nodes
+// at 4 and 8 ranks (1.07 and 1.09x on the file's, 0.99 and 1.00x on the measured
+// one) and recursive doubling is not (1.20 and 1.60x on the measured one); on one
+// node of 16 and 32 it is 1.11 and 1.13x on the file's node (recursive doubling
+// 1.06 and 1.17x) and 1.01-1.02x on the measured one (1.97-2.33x). So it starts
+// there (128 KiB before).
 
 /// More ranks on one node than node_ring_max_ranks (the node's memory shared by
 /// all: nodes of 8 ranks, 4 and 8 of them).
