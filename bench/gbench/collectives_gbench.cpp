@@ -232,9 +232,35 @@ void register_thread_benchmarks() {
 
 #if UNISON_HAS_MPI()
 
-/// MPI backend: every process runs the same benchmarks; the iteration time is the
-/// slowest rank's, so every rank sees the same times and Google Benchmark makes the
-/// same iteration-count decisions everywhere. Args are {bytes}.
+/// Runs `call` `batch` times untimed, then in batches of `batch` while `state` asks
+/// for more, each batch timed from a barrier to this rank's last return and set as
+/// the slowest rank's time, so that every rank sees the same times and Google
+/// Benchmark makes the same iteration-count decisions everywhere. Returns the mean
+/// seconds per call, 0 when no batch ran.
+template <class Call>
+double time_mpi_batches(benchmark::State& state, int batch, const Call& call) {
+    for (int i = 0; i < batch; ++i) { // warm-up, untimed
+        call();
+    }
+    double seconds = 0;
+    std::int64_t calls = 0;
+    while (state.KeepRunningBatch(batch)) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const auto start = bench_clock::now();
+        for (int i = 0; i < batch; ++i) {
+            call();
+        }
+        double s = std::chrono::duration<double>(bench_clock::now() - start).count();
+        MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        state.SetIterationTime(s);
+        seconds += s;
+        calls += batch;
+    }
+    return calls > 0 ? seconds / static_cast<double>(calls) : 0.0;
+}
+
+/// MPI backend: every process runs the same benchmarks (time_mpi_batches). Args are
+/// {bytes}.
 void mpi_collective(benchmark::State& state, collective_kind collective, mpi_communicator* comm) {
     const auto bytes = static_cast<std::size_t>(state.range(0));
     const int ranks = comm->size();
@@ -244,30 +270,61 @@ void mpi_collective(benchmark::State& state, collective_kind collective, mpi_com
     fill_input(dtype::f32, data_pattern{}, comm->rank(), send.data(), 0,
                shape.send_bytes / shape.elem_bytes);
     const unison_call<mpi_communicator> call{*comm, collective, dtype::f32, reduce_op::sum, 0};
-    const int batch = calls_per_batch(shape.size_bytes());
-    for (int i = 0; i < batch; ++i) { // warm-up, untimed
-        call(send.data(), recv.data(), shape, false);
+    const double each = time_mpi_batches(state, calls_per_batch(shape.size_bytes()),
+                                         [&] { call(send.data(), recv.data(), shape, false); });
+    if (each > 0) {
+        set_counters(state, collective, shape, ranks, each);
     }
-    double seconds = 0;
-    std::int64_t calls = 0;
-    while (state.KeepRunningBatch(batch)) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        const auto start = bench_clock::now();
-        for (int i = 0; i < batch; ++i) {
-            call(send.data(), recv.data(), shape, false);
+}
+
+/// An out-of-place all-reduce of floats whose input is written before every call,
+/// as a backward pass writes the gradients it then reduces: `raw` times
+/// MPI_Allreduce, otherwise unison's, each with the same write, so that their ratio
+/// compares the calls on an input as fresh in this rank's cache as a gradient is
+/// (the tables above leave the input untouched between calls, which a peer's read
+/// of it over shared memory may find cheaper). Args are {bytes}.
+void mpi_written_all_reduce(benchmark::State& state, mpi_communicator* comm, bool raw) {
+    const auto count = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+    const int ranks = comm->size();
+    std::vector<float> in(count), out(count);
+    int step = 0;
+    const auto call = [&] {
+        std::fill(in.begin(), in.end(), static_cast<float>((step++ + comm->rank()) & 7));
+        if (raw) {
+            MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                          MPI_COMM_WORLD);
+        } else {
+            unison::all_reduce(*comm, in, out);
         }
-        double s = std::chrono::duration<double>(bench_clock::now() - start).count();
-        MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        state.SetIterationTime(s);
-        seconds += s;
-        calls += batch;
+    };
+    const double each = time_mpi_batches(state, calls_per_batch(count * sizeof(float)), call);
+    if (each > 0) {
+        const collective_shape shape =
+            shape_for(collective_kind::all_reduce, count * sizeof(float), dtype::f32, ranks);
+        set_counters(state, collective_kind::all_reduce, shape, ranks, each);
     }
-    if (calls > 0) {
-        set_counters(state, collective, shape, ranks, seconds / static_cast<double>(calls));
+    // The last call's sum, checked on every rank: (step + rank) & 7 over the ranks.
+    double want = 0;
+    for (int r = 0; r < ranks; ++r) {
+        want += static_cast<double>((step - 1 + r) & 7);
+    }
+    if (count > 0 &&
+        (out.front() != static_cast<float>(want) || out.back() != static_cast<float>(want))) {
+        state.SkipWithError("wrong sum");
     }
 }
 
 void register_mpi_benchmarks(mpi_communicator& comm) {
+    const std::string ranks = "/ranks:" + std::to_string(comm.size());
+    for (bool raw : {false, true}) {
+        const std::string name =
+            std::string(raw ? "mpi/raw_mpi_all_reduce_written" : "mpi/all_reduce_written") + ranks;
+        auto* b = benchmark::RegisterBenchmark(name.c_str(), mpi_written_all_reduce, &comm, raw);
+        for (std::int64_t bytes : {8 << 10, 32 << 10, 256 << 10, 1 << 20}) {
+            b->Arg(bytes);
+        }
+        b->ArgName("bytes")->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
     for (collective_kind c : all_collective_kinds) {
         const std::string name =
             "mpi/" + std::string(to_string(c)) + "/ranks:" + std::to_string(comm.size());

@@ -6,10 +6,12 @@
 /// messages (schedule.hpp: for 3, 5 or 7 times a power of two ranks, doubling
 /// within each third, fifth or seventh of the ranks, then groups of that many, whose
 /// members each send to all the others), so that a call that differs across ranks (count, dtype, op, root,
-/// operation, tag, sequence) is a `mismatch_error` on every rank before any user
-/// buffer is handed to MPI. Small all-reduces ride along: their data follows the
+/// operation, tag, sequence) is a `mismatch_error` on every rank before MPI may
+/// write any user buffer. Small all-reduces ride along: their data follows the
 /// header in the same messages and is reduced at each step, so for them the check
-/// costs nothing and the call is one exchange per doubling step.
+/// costs nothing and the call is one exchange per doubling step (out of place, a
+/// message cut in two sends its rest straight from the caller's input, which MPI
+/// only reads).
 ///
 /// A rank that finds a difference keeps to the schedule but sends the fault (both
 /// signatures and ranks) instead of data, so every rank hears of it within the
@@ -276,7 +278,7 @@ public:
     /// all-reduce whose data rides along (recursive doubling or two_level, over
     /// `nodes`) and whose result is final once progress() returns true.
     /// `send_stage` and `recv_stage` are grown to fit and must stay alive, unmoved,
-    /// until then.
+    /// until then, as must `call.send`, which MPI may read (reads_input()).
     void start(MPI_Comm comm, int rank, int size, int tag, const collective_call& call,
                std::uint64_t sequence, algorithm algo, bool fused, const node_layout& nodes,
                std::vector<std::byte>& send_stage, std::vector<std::byte>& recv_stage,
@@ -317,8 +319,16 @@ public:
         mine_ = mpi_call_header{signature_of(call), sequence, 0, static_cast<std::uint32_t>(algo),
                                 fused ? bytes() : 0};
         std::memcpy(send_, &mine_, mpi_header_bytes);
+        // A message that is cut sends its rest straight from the caller's input
+        // until a reduction first writes the partial result, so only the first
+        // message's share of the input is staged (copying all of it cost a 1 MiB
+        // call at 2 real processes up to a tenth of its time; docs/measurements.md).
+        partial_is_input_ = fused_ && call.send != call.recv &&
+                            mpi_header_bytes + bytes() > mpi_whole_message_max_bytes;
+        input_posted_ = false;
         if (fused_ && bytes() != 0) {
-            std::memcpy(send_ + mpi_header_bytes, call.send, bytes());
+            std::memcpy(send_ + mpi_header_bytes, call.send,
+                        partial_is_input_ ? mpi_first_message_bytes - mpi_header_bytes : bytes());
         }
         current_ = 0;
         if (current_ < steps_) {
@@ -337,6 +347,7 @@ public:
             if (!test_all(rests_) || !test_all(sends_)) {
                 return false;
             }
+            input_posted_ = false; // this step's sends are done
             if (s.recv) {
                 receive(s);
             }
@@ -353,6 +364,20 @@ public:
         }
         return true;
     }
+
+    /// What an error raised in the middle of a step adds while a send of it reads the
+    /// caller's input (an error at the end of a step comes after its sends).
+    std::string input_note() const {
+        return input_posted_ ? "; MPI may still read this call's input (its send was posted, "
+                               "and a send cannot be cancelled): keep it allocated, or end "
+                               "the job (MPI_Abort)"
+                             : std::string();
+    }
+
+    /// True while a send of the current step may still read the caller's input (a
+    /// fused all-reduce whose message is cut sends its rest from there); every other
+    /// buffer MPI holds of a handshake is its own staging.
+    bool reads_input() const noexcept { return input_posted_; }
 
     /// True when nothing of this handshake is in MPI's hands.
     bool idle() const noexcept {
@@ -386,7 +411,8 @@ public:
     }
 
     /// Cancels what is still posted (after a timeout, when the call is abandoned).
-    /// Only the staging buffers are in MPI's hands, never the user's.
+    /// MPI writes only the staging buffers, never the user's; a send it cannot
+    /// cancel may still read the caller's input (reads_input()).
     void cancel() noexcept {
         for (MPI_Request& r : firsts_) {
             cancel_receive(r);
@@ -448,6 +474,12 @@ private:
             const std::size_t whole =
                 mpi_header_bytes + (faulted_ ? sizeof(mpi_call_fault) : mine_.following);
             const std::size_t first = mpi_first_part(whole);
+            // The rest: the partial result's bytes after the first message's share,
+            // from the input while it is the partial result.
+            const std::byte* rest =
+                partial_is_input_ && !faulted_
+                    ? static_cast<const std::byte*>(call_->send) + (first - mpi_header_bytes)
+                    : send_ + first;
             for (int i = 0; i < s.count; ++i) {
                 sends_.push_back(MPI_REQUEST_NULL);
                 UNISON_CHECK_MPI(MPI_Isend(send_, static_cast<int>(first), MPI_BYTE, s.peer(i),
@@ -455,9 +487,10 @@ private:
                                  rank_, label_->str());
                 for_each_segment(whole - first, [&](std::size_t at, std::size_t len) {
                     sends_.push_back(MPI_REQUEST_NULL);
-                    UNISON_CHECK_MPI(MPI_Isend(send_ + first + at, static_cast<int>(len), MPI_BYTE,
+                    UNISON_CHECK_MPI(MPI_Isend(rest + at, static_cast<int>(len), MPI_BYTE,
                                                s.peer(i), tag_, comm_, &sends_.back()),
                                      rank_, label_->str());
+                    input_posted_ = input_posted_ || rest != send_ + first;
                 });
             }
         }
@@ -576,7 +609,8 @@ private:
             throw mismatch_error(rank_, label_->str(),
                                  "rank " + std::to_string(peer) + " sent a " + std::to_string(n) +
                                      "-byte message where a call header was due: it is not "
-                                     "running this collective",
+                                     "running this collective" +
+                                     input_note(),
                                  peer, "operation");
         }
         mpi_call_header& theirs = theirs_[at_peer];
@@ -595,7 +629,8 @@ private:
                                      "rank " + std::to_string(peer) + " sent a " +
                                          std::to_string(early_rest_bytes()) +
                                          "-byte message that its call header did not announce: "
-                                         "it is not running this collective",
+                                         "it is not running this collective" +
+                                         input_note(),
                                      peer, "operation");
             }
             return;
@@ -675,6 +710,7 @@ private:
             const std::byte* arrived = slot(0) + mpi_header_bytes;
             if (current_ + 1 < steps_) {
                 std::memcpy(partial, arrived, bytes()); // passed on down the tree
+                partial_is_input_ = false;
             }
             std::memcpy(c.recv, arrived, bytes());
             result_written_ = true;
@@ -686,13 +722,15 @@ private:
         // The group's partial results in the group's order (a pair's two in either:
         // they commute), so that every member computes the same bits.
         std::array<const void*, max_step_peers + 1> inputs{};
+        const void* mine = partial_is_input_ ? c.send : static_cast<const void*>(partial);
         for (int k = 0, i = 0; k <= s.count; ++k) {
             inputs[static_cast<std::size_t>(k)] =
-                k == s.place ? static_cast<const void*>(partial) : slot(i++) + mpi_header_bytes;
+                k == s.place ? mine : slot(i++) + mpi_header_bytes;
         }
         void* outputs[1] = {out};
         host_reduce(c.type, c.reduction, inputs.data(), s.count + 1, outputs, 1, c.count,
                     last && c.reduction == reduce_op::avg ? size_ : 1);
+        partial_is_input_ = partial_is_input_ && out != partial;
         if (last) {
             if (passes_on) {
                 std::memcpy(c.recv, partial, bytes());
@@ -713,6 +751,11 @@ private:
     int rank_ = 0, size_ = 1, tag_ = 0;
     const collective_call* call_ = nullptr;
     bool fused_ = false;
+    /// The partial result is still the caller's input (call_->send), which the rests
+    /// are sent from: send_ holds only the first message's share of it.
+    bool partial_is_input_ = false;
+    /// A send of this step reads the caller's input.
+    bool input_posted_ = false;
     std::byte* send_ = nullptr;
     std::byte* recv_ = nullptr; ///< one slot of slot_bytes_ per peer of a step
     std::size_t slot_bytes_ = 0;

@@ -165,8 +165,9 @@ public:
     /// a timeout.
     void retire_failed(std::unique_ptr<mpi_operation> op) noexcept;
     /// In a handler of the error `op`'s call threw: retires `op` and rethrows; an
-    /// mpi_error with requests of the call past its handshake still posted then says
-    /// that MPI may still use the call's buffers (a posted send cannot be cancelled).
+    /// mpi_error while MPI may still use the caller's buffers (requests of the call
+    /// past its handshake, or a handshake's send from the input, still posted) then
+    /// says so (a posted send cannot be cancelled).
     [[noreturn]] void rethrow_failed(std::unique_ptr<mpi_operation> op);
 
     void check_usable(operation op) const {
@@ -378,14 +379,20 @@ public:
         return handshake_.idle() && active_ == 0 && !ring_ && (!rab_ || rab_->idle()) &&
                (!ordered_fold_ || ordered_fold_->idle()) && (!node_gather_ || node_gather_->idle());
     }
-    /// True while only staging buffers (never the user's) are in MPI's hands.
+    /// True while the handshake runs: MPI holds its staging buffers and at most
+    /// reads the caller's input (handshake_.reads_input()), never writes the
+    /// caller's buffers.
     bool in_handshake() const noexcept { return phase_ == phase::handshake; }
+    /// True when MPI may still read or write one of the caller's buffers.
+    bool holds_caller_buffers() const noexcept {
+        return !idle() && (!in_handshake() || handshake_.reads_input());
+    }
     /// Gives the call up after a timeout: it is never driven again, so unison never
     /// touches its buffers again, and what MPI allows is cancelled: the ring's
     /// receives and a recv's (sends are left to complete on their own; MPI only reads
     /// their buffers). True when MPI holds nothing it could write into the caller's
-    /// buffers: always for a call in its handshake (only staging buffers are in MPI's
-    /// hands; the communicator's destructor cancels it), never for a posted MPI
+    /// buffers: always for a call in its handshake (MPI writes only its staging
+    /// buffers; the communicator's destructor cancels it), never for a posted MPI
     /// collective still running (MPI cannot cancel one).
     bool abandon() noexcept {
         done_ = true;
@@ -963,7 +970,7 @@ inline void mpi_rank_state::start(std::unique_ptr<mpi_operation>& op) {
 }
 
 inline void mpi_rank_state::rethrow_failed(std::unique_ptr<mpi_operation> op) {
-    const bool held = !op->idle() && !op->in_handshake(); // the handshake's are staging
+    const bool held = op->holds_caller_buffers();
     retire_failed(std::move(op));
     try {
         throw;
@@ -1057,7 +1064,7 @@ inline void mpi_rank_state::wait(std::unique_ptr<mpi_operation> op) {
                 abandoned_calls::instance().record(
                     {label, static_cast<int>(mine.waiting_for), options.timeout});
                 // Never driven again: in its handshake, the engine must not go on to
-                // hand MPI the user's buffers (it stays first in the post queue, so
+                // hand MPI the user's buffers to write (it stays first in the post queue, so
                 // no later collective posts past it either); past it, unison must not
                 // write them once the caller has its error.
                 erase_from(in_flight_, op.get());
@@ -1098,7 +1105,7 @@ inline mpi_rank_state::~mpi_rank_state() {
         return;
     }
     peers_.close(/*leak=*/!poisoned.empty() || !abandoned.empty());
-    // A call abandoned in its handshake holds only its own staging buffers: cancel it
+    // A call abandoned in its handshake receives only into its own staging: cancel it
     // now. Past its handshake, abandon() cancelled what MPI allows when the call
     // timed out. Either way nothing waits for a peer here (it would cost the caller a
     // second timeout), and an abandoned call is leaked along with its buffers and the
