@@ -281,8 +281,8 @@ void mpi_collective(benchmark::State& state, collective_kind collective, mpi_com
 /// as a backward pass writes the gradients it then reduces: `raw` times
 /// MPI_Allreduce, otherwise unison's, each with the same write, so that their ratio
 /// compares the calls on an input as fresh in this rank's cache as a gradient is
-/// (the tables above leave the input untouched between calls, which a peer's read
-/// of it over shared memory may find cheaper). Args are {bytes}.
+/// (mpi_collective, above, leaves the input untouched between calls, which a
+/// peer's read of it over shared memory may find cheaper). Args are {bytes}.
 void mpi_written_all_reduce(benchmark::State& state, mpi_communicator* comm, bool raw) {
     const auto count = static_cast<std::size_t>(state.range(0)) / sizeof(float);
     const int ranks = comm->size();

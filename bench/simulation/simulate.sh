@@ -55,7 +55,7 @@ root=$(cd "$here/../.." && pwd)
 platforms="flat two_level fat_tree"
 ranks="2 4 8 16 32 64"
 selectors="ompi mpich"
-out=/dev/stdout
+out= # standard output
 limit=600
 shared_from=256
 node_ranks=8
@@ -133,7 +133,11 @@ hostfile() {
     echo "$work/hosts"
 }
 
-echo "$header" >"$out"
+# Rows go to -o's file (begun anew), or to standard output as it is: writing there
+# through /dev/stdout would truncate a file it was redirected to (>>).
+emit() { if [ -n "$out" ]; then cat >>"$out"; else cat; fi; }
+[ -z "$out" ] || : >"$out"
+echo "$header" | emit
 for platform in $platforms; do
     xml=$here/platforms/$platform.xml
     [ -f "$xml" ] || { echo "simulate.sh: no platform file $xml" >&2; exit 2; }
@@ -165,7 +169,7 @@ for platform in $platforms; do
                 exit 1
             fi
             end=$(date +%s.%N)
-            tail -n +2 "$work/run.csv" | sed "s/^/$platform,$selector,/" >>"$out"
+            tail -n +2 "$work/run.csv" | sed "s/^/$platform,$selector,/" | emit
             awk -v p="$platform" -v n="$n" -v s="$selector" -v a="$start" -v b="$end" \
                 'BEGIN { printf "simulate.sh: %s, %d ranks, %s: %.1f s\n", p, n, s, b - a }' >&2
             first=0

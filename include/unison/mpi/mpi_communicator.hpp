@@ -4,7 +4,9 @@
 /// The MPI backend. Every call is issued non-blocking and completed by polling
 /// against the communicator's deadline, so no wait can hang: a blocking call is
 /// `submit` followed by `wait`. Every collective starts with a handshake that
-/// checks all ranks' call signatures before any user buffer is handed to MPI. An
+/// checks all ranks' call signatures before MPI may write any user buffer (an
+/// out-of-place recursive doubling or two_level call's input may already be sent
+/// from). An
 /// all-reduce runs one of unison's own algorithms over non-blocking sends and
 /// receives, chosen by size and rank count in mpi/tuning.hpp (or forced by
 /// comm_options::all_reduce_algorithm): recursive doubling inside the handshake for

@@ -86,8 +86,9 @@ constexpr bool lone_second_node(int ranks, int node_ranks) noexcept {
 // ---- Measured on one node, for real: Open MPI 4.1 over shared memory at 2
 // processes (docs/measurements.md, "All-reduce, 2 processes, float, sum: MPI
 // backend vs raw MPI_Allreduce"). Recursive doubling's staging copies cost more
-// than the ring's second step from 64 KiB, and the ring, whose sends read straight
-// from the tensors, matches MPI_Allreduce there.
+// than the ring's second step from 64 KiB (measured when it staged its whole input
+// out of place too; it still does in place), and the ring, whose sends read
+// straight from the tensors, matches MPI_Allreduce there.
 
 /// Up to this many ranks on one node: recursive doubling, then the ring.
 inline constexpr int node_ring_max_ranks = 3;
@@ -137,7 +138,8 @@ static_assert(node_large_ring_max_ranks > node_ring_max_ranks &&
 // (--node-link 0.135us,8.5GBps; docs/measurements.md, "How far the simulated node
 // is from a real one") put recursive doubling at 1.13-1.74x MPI's best at 16-128
 // KiB on 4 and 8 ranks and Rabenseifner's at 0.99-1.14x; on the file's node
-// recursive doubling led at 16-64 KiB (0.79-0.97x against 1.07-1.21x). Real
+// recursive doubling led at 16-64 KiB (0.79-0.97x against 1.07-1.21x, SimGrid's
+// 0.1 us poll). Real
 // processes (4 on 2 cores, 2026-12-07) put recursive doubling ahead at 16-32 KiB
 // (1.14-1.48x raw MPI against 1.44-1.69x) and Rabenseifner's a little at 64 KiB
 // (medians of 5 to 8 runs out of place 1.27x against 1.42x, in place 1.39x
