@@ -991,6 +991,9 @@ int run_mpi_ranks(const bench_config& cfg) {
             gather_rank_devices(rank, ranks, host_rank(rank, "MPI process"));
         run_info info = make_run_info(cfg, ranks, 1, 0, std::move(lines));
         info.algorithm = std::string(to_string(mpi_forced_algorithm(o)));
+        if (!o.tuning.empty()) {
+            info.tuning_rules = o.tuning.source();
+        }
         if (cfg.collective == collective_kind::all_reduce) {
             info.algorithm_at = [&comm](std::size_t bytes) {
                 return std::string(to_string(comm.all_reduce_algorithm(bytes)));

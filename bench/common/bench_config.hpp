@@ -10,6 +10,7 @@
 #include "collective_shape.hpp"
 
 #include <unison/comm/algorithm.hpp>
+#include <unison/core/detail/parse_bytes.hpp>
 #include <unison/core/dtype.hpp>
 #include <unison/core/reduce_op.hpp>
 
@@ -288,7 +289,10 @@ Defaults are nccl-tests 2.19's, so that its command lines give the same rows.
                              a run each, one after another (native and rank_ordered
                              force the reduce_scatter's too). The text header and
                              the records' algorithm field say which ran at each
-                             size [UNISON_ALGORITHM, else automatic]
+                             size, their requested field which the run asked for;
+                             scripts/tuning-rules.py turns a sweep into tuning
+                             rules (UNISON_TUNING_FILE) [UNISON_ALGORITHM, else
+                             automatic]
   -h, --help                 this text
   --version                  the program's and unison's version
 
@@ -323,52 +327,8 @@ leaves stdout as it is.
 
 namespace detail {
 
-/// Parses a size as nccl-tests' parsesize reads one: a number, fractions allowed
-/// ("1.5K", "0.5M", "1e3"), then optionally K, M or G in either case (binary
-/// multiples), the result rounded down to whole bytes. Also accepted: a trailing
-/// "B" or "iB" ("64KB", "64KiB", "8B"). Refused: a negative, a non-finite or an
-/// out-of-range value, and anything else after the number.
-inline std::optional<std::size_t> parse_bytes(std::string_view s) {
-    double value = 0;
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-    if (s.empty() || ec != std::errc() || !std::isfinite(value) || value < 0) {
-        return std::nullopt;
-    }
-    std::string_view unit = s.substr(static_cast<std::size_t>(end - s.data()));
-    while (!unit.empty() && unit.front() == ' ') {
-        unit.remove_prefix(1);
-    }
-    double scale = 1;
-    if (!unit.empty()) {
-        switch (unit.front()) {
-        case 'K':
-        case 'k':
-            scale = 1024.0;
-            break;
-        case 'M':
-        case 'm':
-            scale = 1024.0 * 1024.0;
-            break;
-        case 'G':
-        case 'g':
-            scale = 1024.0 * 1024.0 * 1024.0;
-            break;
-        default:
-            break;
-        }
-        if (scale > 1) {
-            unit.remove_prefix(1);
-        }
-    }
-    if (!(unit.empty() || unit == "B" || (scale > 1 && unit == "iB"))) {
-        return std::nullopt;
-    }
-    const double bytes = std::floor(value * scale);
-    if (bytes >= 9.2e18) { // past what a size_t (and nccl-tests' cast) holds exactly
-        return std::nullopt;
-    }
-    return static_cast<std::size_t>(bytes);
-}
+/// Sizes as nccl-tests reads them (core/detail/parse_bytes.hpp).
+using unison::detail::parse_bytes;
 
 inline std::optional<long long> parse_integer(std::string_view s) {
     if (s.empty() || s.size() > 18) {

@@ -19,6 +19,10 @@
 ///   time_us (the CPU time with -C 1), algbw, busbw (GB/s), wrong (elements) and
 ///   ratio (baselines only: unison's time over the baseline's). `table` is "unison"
 ///   for the main rows and the baseline's name ("raw-mpi", "local-add") for the others.
+///   Last, `algorithm`: the algorithm that ran at that size (main rows, where there is
+///   a choice), and `requested`: the one the run asked for (the MPI backend's
+///   main rows: automatic or the forced one), so that a sweep's automatic rows can
+///   be told from its forced ones (scripts/tuning-rules.py reads both).
 
 #include "bench_config.hpp"
 #include "collective_shape.hpp"
@@ -139,6 +143,8 @@ struct run_info {
     std::vector<rank_device> devices; ///< one per rank, in rank order
     /// The MPI backend's all-reduce algorithm, forced or automatic; "" elsewhere.
     std::string algorithm;
+    /// Where the MPI backend's tuning rules came from (UNISON_TUNING_FILE); "" for none.
+    std::string tuning_rules;
     /// The algorithm that carries the collective at a size (the records' algorithm
     /// field); empty, or returning "", where there is no choice.
     std::function<std::string(std::size_t)> algorithm_at;
@@ -270,12 +276,13 @@ public:
             std::printf(" \n");
         }
         std::printf(
-            "# unison-bench: %s, backend %s, %d ranks, dtype %s, op %s, root %d%s%s\n",
+            "# unison-bench: %s, backend %s, %d ranks, dtype %s, op %s, root %d%s%s%s\n",
             std::string(to_string(c.collective)).c_str(), std::string(to_string(c.backend)).c_str(),
             info.ranks, detail::dtype_names(c).c_str(), info.op_name.c_str(), info.root,
             c.rounds > 1 ? (", " + std::to_string(c.rounds) + " rounds (rows: the medians)").c_str()
                          : "",
-            info.algorithm.empty() ? "" : (", all-reduce algorithm " + info.algorithm).c_str());
+            info.algorithm.empty() ? "" : (", all-reduce algorithm " + info.algorithm).c_str(),
+            info.tuning_rules.empty() ? "" : (", tuning rules from " + info.tuning_rules).c_str());
         if (!c.neutral.empty()) {
             std::string given;
             for (const std::string& n : c.neutral) {
@@ -534,6 +541,12 @@ protected:
                                     ? info_.algorithm_at(r.shape.size_bytes())
                                     : "";
         f.push_back({"algorithm", ran.empty() ? std::nullopt : text(ran), true});
+        // What the run asked for (automatic: the tuning, and any tuning rules), so
+        // that a sweep's automatic rows can be told from the forced ones.
+        f.push_back(
+            {"requested",
+             table_ == "unison" && !info_.algorithm.empty() ? text(info_.algorithm) : std::nullopt,
+             true});
         return f;
     }
 

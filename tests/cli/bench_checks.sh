@@ -164,6 +164,83 @@ print("JSON file OK")
 PY
 }
 
+# scripts/tuning-rules.py: made-up measurements give the rules they must (a winner
+# over the built-in choice by more than the margin, consecutive sizes merged, the
+# built-in choice kept where it holds); a real sweep at 2 ranks gives rules that
+# unison-bench then follows under UNISON_TUNING_FILE at every size; input that is
+# not a sweep is refused, and so is a malformed rules file.
+# ARGS: scripts/mpiexec.sh, scripts/tuning-rules.py.
+tuning_rules_mpi() {
+    local mpiexec=$1 script=$2 dir out
+    dir=$(mktemp -d) || return 1
+    trap 'rm -rf "$dir"' RETURN
+    python3 - "$dir/made_up.csv" <<'PY' || return 1
+import sys
+head = "table,backend,collective,ranks,size,oop_time_us,oop_wrong,ip_time_us,ip_wrong,algorithm,requested"
+rows = [head]
+# 2 ranks: the built-in recursive doubling at 1-4K, the ring from 16K; rabenseifner
+# beats the ring by 20% at 16K and 64K, and recursive doubling by 2% (under the
+# margin) at 4K; 256K measured with the ring alone.
+times = {1024: {"recursive_doubling": 5, "rabenseifner": 9},
+         4096: {"recursive_doubling": 10, "rabenseifner": 9.8},
+         16384: {"ring": 30, "rabenseifner": 25},
+         65536: {"ring": 60, "rabenseifner": 50},
+         262144: {"ring": 100}}
+for size, by in times.items():
+    auto = "recursive_doubling" if size < 16384 else "ring"
+    for alg, t in by.items():
+        for req in (["automatic", alg] if alg == auto else [alg]):
+            rows.append(f"unison,mpi,all_reduce,2,{size},{t},0,{t},0,{alg},{req}")
+rows.append("raw-mpi,mpi,all_reduce,2,1024,1,,1,,,")
+rows.append("unison,thread,all_reduce,2,1024,1,0,1,0,rank_ordered,rank_ordered")
+open(sys.argv[1], "w").write("\n".join(rows) + "\n")
+PY
+    out=$(python3 "$script" --node-ranks 2 "$dir/made_up.csv") || return 1
+    echo "$out"
+    [ "$(grep -c '^mpi' <<<"$out")" -eq 1 ] || return 1
+    grep -Eq '^mpi +all_reduce +2 +2 +16K-256K +rabenseifner +# 1.20x faster' <<<"$out" || return 1
+    # A margin of 0: the 2% at 4K is a win too, merged with the sizes after it.
+    python3 "$script" --margin 0 "$dir/made_up.csv" | grep -Eq '^mpi +all_reduce +2 +\* +4K-256K +rabenseifner +# 1.02-1.20x' ||
+        return 1
+    # A real sweep, its rules, and unison-bench following them.
+    bash "$mpiexec" -n 2 "$prog" -B mpi -b 1K -e 64K -f 4 -n 2 -w 1 --algorithm all --format csv \
+        >"$dir/sweep.csv" || return 1
+    python3 "$script" --margin 0 --node-ranks 2 -o "$dir/cluster.rules" "$dir/sweep.csv" || return 1
+    cat "$dir/cluster.rules"
+    out=$(UNISON_TUNING_FILE="$dir/cluster.rules" bash "$mpiexec" -n 2 "$prog" -B mpi -b 1K -e 64K \
+        -f 4 -n 2 -w 1 --format csv) || return 1
+    python3 - "$dir/cluster.rules" "$out" <<'PY' || return 1
+import csv, io, sys
+units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+def size(s):
+    return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
+rules = []
+for line in open(sys.argv[1]):
+    f = line.split("#")[0].split()
+    if f:
+        lo, hi = f[4].split("-")
+        rules.append((size(lo), size(hi), f[5]))
+rows = [r for r in csv.DictReader(io.StringIO(sys.argv[2])) if r["table"] == "unison"]
+assert len(rows) == 4, len(rows)
+for r in rows:
+    b = int(r["size"])
+    want = [a for lo, hi, a in rules if lo <= b < hi]
+    assert r["requested"] == "automatic" and r["oop_wrong"] == "0" and r["ip_wrong"] == "0", r
+    assert not want or r["algorithm"] == want[0], (b, r["algorithm"], want)
+print("rules followed:", [(r["size"], r["algorithm"]) for r in rows])
+PY
+    # Not a sweep: no MPI rows (1), a wrong result (2); a malformed rules file.
+    head -1 "$dir/made_up.csv" >"$dir/empty.csv"
+    python3 "$script" "$dir/empty.csv"
+    [ $? -eq 1 ] || return 1
+    sed 's/^\(unison,mpi,all_reduce,2,1024,5\),0,/\1,3,/' "$dir/made_up.csv" >"$dir/wrong.csv"
+    python3 "$script" "$dir/wrong.csv"
+    [ $? -eq 2 ] || return 1
+    echo "mpi all_reduce 2 2 64K rings" >"$dir/bad.rules"
+    out=$(UNISON_TUNING_FILE="$dir/bad.rules" bash "$mpiexec" -n 2 "$prog" -B mpi -b 1K -e 1K 2>&1)
+    grep -q "bad.rules:1: algorithm 'rings'" <<<"$out"
+}
+
 # --algorithm all: a run per algorithm, each row naming the one that ran (the forced
 # one, or the tuning's pick for automatic), every result checked; a name that is
 # none, and the option on the thread backend, are usage errors.
@@ -293,7 +370,8 @@ gbench_unknown_flag() {
 case $case_name in
 min_busbw_fails | nccl_tests_min_bw_passes | nccl_tests_flags | nccl_tests_header | json_file | \
     program_name | report_cputime | rounds | gloo_torchrun | json_file_mpi | \
-    algorithm_sweep_mpi | simulation | plot_busbw | nccl_without_a_gpu | gbench_unknown_flag)
+    algorithm_sweep_mpi | tuning_rules_mpi | simulation | plot_busbw | nccl_without_a_gpu | \
+    gbench_unknown_flag)
     "$case_name" "$@"
     status=$?
     ;;

@@ -872,3 +872,123 @@ TEST_CASE("mpi collectives: 8-bit sums and products wrap on every algorithm") {
         check_narrow_wraps<std::int8_t>(a);
     }
 }
+
+namespace {
+
+/// A communicator whose options carry `rules` (and force `forced`).
+unison::mpi_communicator with_rules(const std::string& rules,
+                                    unison::algorithm forced = unison::algorithm::automatic) {
+    unison::comm_options o = unison::comm_options::from_env();
+    o.all_reduce_algorithm = forced;
+    o.tuning = unison::tuning_rules::parse(rules, "test rules");
+    return unison::mpi_communicator(MPI_COMM_WORLD, o);
+}
+
+} // namespace
+
+TEST_CASE(
+    "mpi collectives: tuning rules pick the algorithm, and the results stay the serial ones") {
+    int rank = 0, n = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    if (n < 2) {
+        return;
+    }
+    using unison::algorithm;
+    using unison::operation;
+    // Rules for this rank count send each range of sizes to an algorithm the
+    // built-in tuning does not choose there; a rule for another rank count, first in
+    // the file, must not match; 16-64 KiB is left to the built-in tuning.
+    const std::string count = std::to_string(n);
+    const std::string rules =
+        "mpi all_reduce " + std::to_string(n + 1) + "- * 0- native\n" + "mpi all_reduce " + count +
+        " * -4K ring\n" + "mpi all_reduce " + count + " * 4K-16K rabenseifner\n" +
+        "mpi all_reduce * * 16K-64K automatic\n" + "mpi all_reduce * * 64K- native\n" +
+        "mpi reduce_scatter * * 0- native\n" + "mpi all_gather * * 0- ring\n";
+    auto comm = with_rules(rules);
+    auto plain = forced(algorithm::automatic);
+    CHECK(comm.all_reduce_algorithm(1000) == algorithm::ring);
+    CHECK(comm.all_reduce_algorithm(4 * 1024) == algorithm::rabenseifner);
+    CHECK(comm.all_reduce_algorithm(32 * 1024) == plain.all_reduce_algorithm(32 * 1024));
+    CHECK(comm.all_reduce_algorithm(64 * 1024) == algorithm::native);
+    CHECK(comm.reduce_scatter_algorithm(8 * 1024) == algorithm::native);
+    CHECK(comm.all_gather_algorithm(8 * 1024) == algorithm::ring);
+    // The calls run what the rules say and still give the serial result: the counts
+    // of check_algorithm fall in every range above (4 B to 280 KB).
+    check_algorithm<float>(comm);
+    const auto ranks = static_cast<std::size_t>(n);
+    for (std::size_t block : {std::size_t{3}, std::size_t{1031}, std::size_t{20000}}) {
+        CAPTURE(block);
+        std::vector<float> in(block * ranks), mine(block);
+        for (std::size_t i = 0; i < in.size(); ++i) {
+            in[i] = static_cast<float>(value(rank, i, 91));
+        }
+        unison::reduce_scatter(comm, in, mine);
+        std::vector<float> gathered(block * ranks, -7777.0f);
+        unison::all_gather(comm, mine, gathered);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < in.size(); ++i) {
+            const double expect = reference(unison::reduce_op::sum, n, i, 91);
+            wrong += static_cast<double>(gathered[i]) != expect ? 1 : 0;
+        }
+        CHECK(wrong == 0);
+    }
+    // A forced algorithm and deterministic come before every rule, for the
+    // collectives that have that algorithm: forcing two_level leaves the
+    // reduce_scatter (which has none) to its rule, and deterministic sums leave the
+    // all_gather, which adds nothing, to its rule.
+    {
+        auto two_level = with_rules(rules, algorithm::two_level);
+        CHECK(two_level.all_reduce_algorithm(1000) == algorithm::two_level);
+        CHECK(two_level.all_gather_algorithm(8 * 1024) == algorithm::two_level);
+        CHECK(two_level.reduce_scatter_algorithm(8 * 1024) == algorithm::native);
+    }
+    {
+        unison::comm_options o = unison::comm_options::from_env();
+        o.deterministic = true;
+        o.tuning = unison::tuning_rules::parse(rules, "test rules");
+        unison::mpi_communicator det(MPI_COMM_WORLD, o);
+        CHECK(det.all_reduce_algorithm(1000) == algorithm::rank_ordered);
+        CHECK(det.reduce_scatter_algorithm(8 * 1024) == algorithm::rank_ordered);
+        CHECK(det.all_gather_algorithm(8 * 1024) == algorithm::ring);
+    }
+}
+
+TEST_CASE("mpi communicator: ranks holding different tuning rules are refused before any call") {
+    int rank = 0, n = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    if (n < 2) {
+        return;
+    }
+    // Rank 0 holds other rules than the rest, or rules where the rest hold none: the
+    // ranks could pick different schedules and wait for each other, so every rank
+    // throws when the communicator is made, naming the option and a rank that differs.
+    const std::string ring = "mpi all_reduce * * 64K- ring\n";
+    const std::string rabenseifner = "mpi all_reduce * * 64K- rabenseifner\n";
+    const std::pair<std::string, std::string> pairs[] = {
+        {ring, rabenseifner}, {ring, ""}, {"", ring}};
+    for (const auto& pair : pairs) { // not a structured binding: Clang 14's CAPTURE cannot take one
+        const std::string& first = pair.first;
+        const std::string& others = pair.second;
+        CAPTURE(first);
+        CAPTURE(others);
+        std::string message;
+        try {
+            (void)with_rules(rank == 0 ? first : others);
+        } catch (const unison::argument_error& e) {
+            message = e.what();
+        }
+        CHECK(message.find("comm_options::tuning (UNISON_TUNING_FILE)") != std::string::npos);
+        CHECK(message.find(rank == 0 ? "on rank 1" : "on rank 0") != std::string::npos);
+        const std::string& mine = rank == 0 ? first : others;
+        CHECK(message.find(std::string(mine.empty() ? "0 rules" : "1 rule") + " (digest ") !=
+              std::string::npos);
+    }
+    // The same rules spelled differently are the same rules.
+    auto comm = with_rules(rank == 0 ? ring : "# the same\nmpi all_reduce * *  65536-  ring\n");
+    CHECK(comm.all_reduce_algorithm(1 << 20) == unison::algorithm::ring);
+    std::vector<float> x(100, static_cast<float>(rank + 1));
+    unison::all_reduce(comm, x);
+    CHECK(x.front() == static_cast<float>(n * (n + 1) / 2));
+}

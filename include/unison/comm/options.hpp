@@ -1,6 +1,7 @@
 #pragma once
 
 #include "unison/comm/algorithm.hpp"
+#include "unison/comm/tuning_rules.hpp"
 #include "unison/core/error.hpp"
 #include "unison/core/log.hpp"
 
@@ -56,11 +57,21 @@ struct comm_options {
     /// several-node algorithms on one machine. A split keeps its parent's nodes.
     /// Every rank must pass the same (checked when the communicator is made).
     int ranks_per_node = 0;
+    /// Rules that pick the MPI backend's algorithm by collective, ranks, ranks per
+    /// node and size ahead of its built-in tuning, for a cluster whose best
+    /// algorithms differ from it (comm/tuning_rules.hpp has the format;
+    /// scripts/tuning-rules.py writes them from unison-bench's measurements). A
+    /// forced all_reduce_algorithm and deterministic come first where the collective
+    /// has that algorithm; the other backends have no per-call choice and do not
+    /// apply them. Every rank must pass the same (the MPI communicator's
+    /// constructor compares them).
+    tuning_rules tuning;
 
     /// Defaults, overridden by the environment: UNISON_TIMEOUT (seconds, may be
     /// fractional: a number in (0, 1e9]), UNISON_DEBUG=1 (turns on check_matching),
     /// UNISON_ALGORITHM (an algorithm's name, see algorithm.hpp), UNISON_DETERMINISTIC=1
-    /// (turns on deterministic) and UNISON_RANKS_PER_NODE (a positive integer). The
+    /// (turns on deterministic), UNISON_RANKS_PER_NODE (a positive integer) and
+    /// UNISON_TUNING_FILE (a file of tuning rules, read here). The
     /// switches take 1, on, true, yes or 0, off, false, no in any case (or nothing:
     /// off). A value that is none of these is an argument_error naming the variable
     /// and the value, never a silent default.
@@ -94,6 +105,13 @@ struct comm_options {
                                          "' is not a positive number of ranks per node");
             }
             o.ranks_per_node = static_cast<int>(v);
+        }
+        if (const char* f = std::getenv("UNISON_TUNING_FILE"); f != nullptr && *f != '\0') {
+            try {
+                o.tuning = tuning_rules::load(f);
+            } catch (const argument_error& e) {
+                throw argument_error(e, " (from UNISON_TUNING_FILE)");
+            }
         }
         if (const char* a = std::getenv("UNISON_ALGORITHM"); a != nullptr && *a != '\0') {
             const auto named = algorithm_from_string(a);

@@ -114,29 +114,30 @@ public:
     /// from MPI_Comm_split_type or comm_options::ranks_per_node.
     int node_ranks() const noexcept { return state_->nodes.node_ranks; }
     /// The algorithm an all-reduce of `bytes` runs on this communicator: the forced
-    /// one (options().all_reduce_algorithm; rank_ordered when options().deterministic)
-    /// or the tuning's choice.
+    /// one (options().all_reduce_algorithm; rank_ordered when options().deterministic),
+    /// else the first of options().tuning's rules that matches, else the tuning's
+    /// choice.
     algorithm all_reduce_algorithm(std::size_t bytes) const noexcept {
-        return mpi_all_reduce_algorithm(state_->forced, bytes, state_->size,
-                                        state_->nodes.node_ranks);
+        return mpi_all_reduce_algorithm(state_->decided(operation::all_reduce, bytes), bytes,
+                                        state_->size, state_->nodes.node_ranks);
     }
 
     /// The algorithm a reduce_scatter of `bytes` in all (count times the ranks) runs
     /// on this communicator: rabenseifner (recursive halving), rank_ordered (the
-    /// direct exchange) or native (MPI's own), forced like the all-reduce's or the
-    /// tuning's choice.
+    /// direct exchange) or native (MPI's own), forced like the all-reduce's, picked by a rule
+    /// (options().tuning) or the tuning's choice.
     algorithm reduce_scatter_algorithm(std::size_t bytes) const noexcept {
-        return mpi_reduce_scatter_algorithm(state_->forced, bytes, state_->size,
-                                            state_->nodes.node_ranks);
+        return mpi_reduce_scatter_algorithm(state_->decided(operation::reduce_scatter, bytes),
+                                            bytes, state_->size, state_->nodes.node_ranks);
     }
 
     /// The algorithm an all_gather of `bytes` in all (count times the ranks) runs on
     /// this communicator: recursive_doubling, two_level (node-aware), ring,
     /// neighbour_exchange (forced only) or native (MPI's own), forced like the
-    /// all-reduce's or the tuning's choice.
+    /// all-reduce's, picked by a rule (options().tuning) or the tuning's choice.
     algorithm all_gather_algorithm(std::size_t bytes) const noexcept {
-        return mpi_all_gather_algorithm(state_->forced, bytes, state_->size,
-                                        state_->nodes.node_ranks);
+        return mpi_all_gather_algorithm(state_->decided(operation::all_gather, bytes), bytes,
+                                        state_->size, state_->nodes.node_ranks);
     }
 
     /// Runs `call` to completion.
@@ -174,7 +175,10 @@ private:
                    ", all-reduce algorithm " + std::string(to_string(mpi_forced_algorithm(o))) +
                    ", timeout " + std::to_string(o.timeout.count()) + " ms" +
                    (o.check_matching ? ", full call matching" : "") +
-                   (o.deterministic ? ", deterministic" : "");
+                   (o.deterministic ? ", deterministic" : "") +
+                   (o.tuning.empty() ? ""
+                                     : ", " + std::to_string(o.tuning.rules().size()) +
+                                           " tuning rules from " + o.tuning.source());
         });
     }
 

@@ -7,7 +7,9 @@
 /// reduce at scale", has the tables and the commands that reproduce them); the
 /// backend asks `mpi_all_reduce_algorithm`, `mpi_reduce_scatter_algorithm` and
 /// `mpi_all_gather_algorithm` and nothing else. `comm_options::all_reduce_algorithm`
-/// (or UNISON_ALGORITHM) forces one algorithm on every call instead.
+/// (or UNISON_ALGORITHM) forces one algorithm on every call instead, and
+/// `comm_options::tuning` (UNISON_TUNING_FILE; comm/tuning_rules.hpp) holds rules,
+/// measured on the user's own cluster, that come before the thresholds here.
 ///
 /// The algorithms (comm/algorithm.hpp has their costs):
 /// - recursive_doubling: the data rides the call check's own messages (handshake.hpp),

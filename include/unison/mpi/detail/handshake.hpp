@@ -254,9 +254,10 @@ struct fault_choice {
                              "algorithm differs: rank " + std::to_string(ref) + " runs " +
                                  name(f.ref_algorithm) + " but rank " + std::to_string(other) +
                                  " runs " + name(f.other_algorithm) +
-                                 " (comm_options::all_reduce_algorithm or UNISON_ALGORITHM, and "
-                                 "comm_options::deterministic or UNISON_DETERMINISTIC, must be "
-                                 "the same on every rank)",
+                                 " (comm_options::all_reduce_algorithm or UNISON_ALGORITHM, "
+                                 "comm_options::deterministic or UNISON_DETERMINISTIC, and "
+                                 "comm_options::tuning or UNISON_TUNING_FILE, must be the same "
+                                 "on every rank)",
                              other, "algorithm");
     }
     throw mismatch_error(rank, label,

@@ -20,6 +20,7 @@
 #include "unison/comm/detail/validate.hpp"
 #include "unison/comm/options.hpp"
 #include "unison/core/detail/clock.hpp"
+#include "unison/core/detail/hash.hpp"
 #include "unison/core/detail/host_reduce.hpp"
 #include "unison/core/dtype.hpp"
 #include "unison/core/error.hpp"
@@ -191,6 +192,21 @@ public:
     bool oversubscribed = false;
     comm_options options;
     algorithm forced; ///< the all-reduce algorithm options force (mpi_forced_algorithm)
+
+    /// What decides a call `op` of `bytes` (the whole buffer, the count times the
+    /// ranks for a reduce_scatter or an all_gather): the forced algorithm where `op`
+    /// has it (rank_ordered when deterministic), else the first of options.tuning's
+    /// rules that matches, else `forced`, which mpi_all_reduce_algorithm and its kin
+    /// (which take this as their `forced`) then ignore for the built-in tuning where
+    /// `op` has no such algorithm. So forcing the ring leaves a reduce_scatter to the
+    /// rules, and deterministic sums leave the all_gather, which adds nothing, to them.
+    algorithm decided(operation op, std::size_t bytes) const noexcept {
+        if ((forced != algorithm::automatic && tuning_rule_allows(op, forced)) ||
+            options.tuning.empty()) {
+            return forced;
+        }
+        return options.tuning.find(op, bytes, size, nodes.node_ranks).value_or(forced);
+    }
     mpi_user_ops user_ops;
     std::uint64_t sequence = 0;
     std::uint64_t p2p_sequence = 0;
@@ -227,7 +243,7 @@ private:
     /// or, with options.ranks_per_node = k, each block of k consecutive ranks, or
     /// the parent's node (`given`) for a split. The names are all-gathered, so every
     /// rank sees the same layout, and with them the options every rank must share
-    /// (ranks_per_node, all_reduce_algorithm, deterministic): ranks whose schedules
+    /// (ranks_per_node, all_reduce_algorithm, deterministic, tuning): ranks whose schedules
     /// would differ could wait for each other until the timeout, so options that
     /// differ are an argument_error on every rank, naming a rank that differs, before
     /// any call.
@@ -245,9 +261,16 @@ private:
         } else if (options.ranks_per_node > 0) {
             node = rank / options.ranks_per_node;
         }
-        constexpr std::size_t fields = 4;
-        const int mine[fields] = {node, options.ranks_per_node, options.deterministic ? 1 : 0,
-                                  static_cast<int>(forced)};
+        const std::string rules = options.tuning.canonical();
+        const std::uint64_t digest = fnv1a64(rules.data(), rules.size());
+        constexpr std::size_t fields = 6;
+        const int mine[fields] = {
+            node,
+            options.ranks_per_node,
+            options.deterministic ? 1 : 0,
+            static_cast<int>(forced),
+            static_cast<int>(options.tuning.rules().size()),
+            static_cast<int>(static_cast<std::uint32_t>(digest ^ (digest >> 32)))};
         std::vector<int> all(fields * static_cast<std::size_t>(size));
         UNISON_CHECK_MPI(MPI_Allgather(mine, fields, MPI_INT, all.data(), fields, MPI_INT, comm),
                          rank, "mpi_communicator");
@@ -276,6 +299,17 @@ private:
             if (theirs[3] != mine[3]) {
                 differs("comm_options::all_reduce_algorithm (UNISON_ALGORITHM)", name(mine[3]),
                         name(theirs[3]));
+            }
+            if (theirs[4] != mine[4] || theirs[5] != mine[5]) {
+                const auto rules_of = [](const int* v) {
+                    return std::to_string(v[4]) + (v[4] == 1 ? " rule" : " rules") + " (digest " +
+                           std::to_string(static_cast<std::uint32_t>(v[5])) + ")";
+                };
+                differs("comm_options::tuning (UNISON_TUNING_FILE)",
+                        rules_of(mine) + (options.tuning.empty()
+                                              ? std::string()
+                                              : " from " + options.tuning.source()),
+                        rules_of(theirs));
             }
             node_of[static_cast<std::size_t>(r)] = theirs[0];
         }
@@ -454,16 +488,19 @@ public:
         }
         const bool reduces = c.op == operation::all_reduce;
         if (reduces) {
-            algorithm_ = mpi_all_reduce_algorithm(state_.forced, c.count * size_of(c.type),
-                                                  state_.size, state_.nodes.node_ranks);
+            const std::size_t bytes = c.count * size_of(c.type);
+            algorithm_ = mpi_all_reduce_algorithm(state_.decided(c.op, bytes), bytes, state_.size,
+                                                  state_.nodes.node_ranks);
         } else if (c.op == operation::reduce_scatter) { // announced in the header too
-            algorithm_ = mpi_reduce_scatter_algorithm(
-                state_.forced, c.count * size_of(c.type) * static_cast<std::size_t>(state_.size),
-                state_.size, state_.nodes.node_ranks);
+            const std::size_t bytes =
+                c.count * size_of(c.type) * static_cast<std::size_t>(state_.size);
+            algorithm_ = mpi_reduce_scatter_algorithm(state_.decided(c.op, bytes), bytes,
+                                                      state_.size, state_.nodes.node_ranks);
         } else if (c.op == operation::all_gather) {
-            algorithm_ = mpi_all_gather_algorithm(
-                state_.forced, c.count * size_of(c.type) * static_cast<std::size_t>(state_.size),
-                state_.size, state_.nodes.node_ranks);
+            const std::size_t bytes =
+                c.count * size_of(c.type) * static_cast<std::size_t>(state_.size);
+            algorithm_ = mpi_all_gather_algorithm(state_.decided(c.op, bytes), bytes, state_.size,
+                                                  state_.nodes.node_ranks);
         } else if (c.op == operation::reduce && state_.options.deterministic && state_.size > 1) {
             algorithm_ = algorithm::rank_ordered;
         } else {
