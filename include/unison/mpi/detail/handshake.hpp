@@ -369,10 +369,7 @@ public:
     /// What an error raised in the middle of a step adds while a send of it reads the
     /// caller's input (an error at the end of a step comes after its sends).
     std::string input_note() const {
-        return input_posted_ ? "; MPI may still read this call's input (its send was posted, "
-                               "and a send cannot be cancelled): keep it allocated, or end "
-                               "the job (MPI_Abort)"
-                             : std::string();
+        return input_posted_ ? mpi_held_buffers_note(true) : std::string();
     }
 
     /// True while a send of the current step may still read the caller's input (a

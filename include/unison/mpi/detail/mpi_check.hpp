@@ -126,6 +126,18 @@ struct mpi_step_requests {
     }
 };
 
+/// What an error raised while MPI still holds a call's buffers adds to its message:
+/// the caller's input alone (`input_only`: a send of the current step reads it) or
+/// every buffer of the call (its requests were posted). Sends cannot be cancelled,
+/// so the caller must keep them allocated or end the job.
+inline std::string mpi_held_buffers_note(bool input_only) {
+    return input_only ? "; MPI may still read this call's input (its send was posted, and a "
+                        "send cannot be cancelled): keep it allocated, or end the job (MPI_Abort)"
+                      : "; MPI may still use this call's buffers (its requests were posted, and "
+                        "a send cannot be cancelled): keep them allocated, or end the job "
+                        "(MPI_Abort)";
+}
+
 } // namespace unison::detail
 
 /// Checks an MPI call's return code; throws unison::mpi_error naming the rank, the

@@ -1015,9 +1015,7 @@ inline void mpi_rank_state::rethrow_failed(std::unique_ptr<mpi_operation> op) {
         if (!held) {
             throw;
         }
-        throw mpi_error(e, "; MPI may still use this call's buffers (its requests were "
-                           "posted, and a send cannot be cancelled): keep them allocated, or "
-                           "end the job (MPI_Abort)");
+        throw mpi_error(e, mpi_held_buffers_note(false));
     }
 }
 
