@@ -13,8 +13,8 @@ measurements decide, without a rebuild:
     scripts/tuning-rules.py --node-ranks 8 sweep.csv > cluster.rules
     UNISON_TUNING_FILE=cluster.rules mpiexec -n 8 ./train
 
-For each collective, rank count and size measured, the algorithm with the lowest
-median time wins. Where the run that asked for `automatic` was measured too, a
+For each collective, rank count and size measured (by every algorithm at least
+--min-runs times), the algorithm with the lowest median time wins. Where the run that asked for `automatic` was measured too, a
 rule overrides the built-in choice only where the winner beats it by more than
 --margin (noise is not a reason to change); elsewhere the winner is written
 outright. Consecutive sizes with the same winner become one rule, from the first
@@ -117,13 +117,19 @@ def next_step(sizes):
     return sizes[-1] + (sizes[-1] - sizes[-2])
 
 
-def choose(times, builtin, margin):
-    """[(collective, ranks, start, end or None, algorithm, speed-up, runs)]."""
+def choose(times, builtin, margin, min_runs):
+    """[(collective, ranks, start, end, algorithm, (least, most speed-up), runs)], and
+    how many cells were left to the built-in tuning for want of runs."""
     rules = []
+    thin = 0
     for (collective, ranks), by_size in sorted(times.items()):
         sizes = sorted(by_size)
         picks = []
         for size in sizes:
+            if min(len(t) for t in by_size[size].values()) < min_runs:
+                thin += 1
+                picks.append(None)
+                continue
             medians = {a: max(statistics.median(t), 1e-9) for a, t in by_size[size].items()}
             winner = min(medians, key=lambda a: (medians[a], a))
             base = builtin.get((collective, ranks, size))
@@ -150,7 +156,7 @@ def choose(times, builtin, margin):
             rules.append((collective, ranks, sizes[i], end, picks[i][0],
                           (min(gains), max(gains)), runs))
             i = j + 1
-    return rules
+    return rules, thin
 
 
 def main():
@@ -167,10 +173,15 @@ def main():
     p.add_argument("--margin", type=float, default=0.05,
                    help="how much faster than the built-in choice a winner must be to override "
                         "it, as a fraction [0.05]")
+    p.add_argument("--min-runs", type=int, default=3,
+                   help="runs each algorithm needs at a size for that size to get a rule: one "
+                        "run on a shared machine is noise [3]")
     p.add_argument("-o", "--output", help="the rules file to write [standard output]")
     a = p.parse_args()
     if a.margin < 0:
         p.error("--margin must be 0 or more")
+    if a.min_runs < 1:
+        p.error("--min-runs must be 1 or more")
     count = r"[1-9][0-9]{0,8}"
     if not re.fullmatch(rf"\*|{count}(-({count})?)?", a.node_ranks):
         p.error(f"--node-ranks '{a.node_ranks}' is not N, A-B, A- or * (counts from 1)")
@@ -186,7 +197,7 @@ def main():
         print("tuning-rules.py: no unison rows of the MPI backend in " + ", ".join(a.csv),
               file=sys.stderr)
         return 1
-    rules = choose(times, builtin, a.margin)
+    rules, thin = choose(times, builtin, a.margin, a.min_runs)
     lines = [
         "# unison tuning rules, from " + ", ".join(a.csv),
         "# time: " + {"in": "in place", "out": "out of place",
@@ -199,8 +210,13 @@ def main():
         lines.append(f"mpi        {collective:<15} {ranks:<6} {a.node_ranks:<11} "
                      f"{size_text(start) + '-' + size_text(end):<18} {algorithm:<20} "
                      f"# {gain} faster, {runs} run{'s' if runs != 1 else ''}")
+    if thin:
+        lines.append(f"# {thin} collective, rank count and size cells had fewer than "
+                     f"{a.min_runs} runs of some algorithm: left to the built-in tuning")
+        print(f"tuning-rules.py: {thin} cells had fewer than {a.min_runs} runs of some "
+              "algorithm and got no rule (--min-runs)", file=sys.stderr)
     if not rules:
-        lines.append("# (the built-in tuning held everywhere measured)")
+        lines.append("# (no rule: the built-in tuning held, or too few runs, everywhere measured)")
     text = "\n".join(lines) + "\n"
     if a.output:
         with open(a.output, "w") as f:

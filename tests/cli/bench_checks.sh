@@ -195,17 +195,22 @@ rows.append("raw-mpi,mpi,all_reduce,2,1024,1,,1,,,")
 rows.append("unison,thread,all_reduce,2,1024,1,0,1,0,rank_ordered,rank_ordered")
 open(sys.argv[1], "w").write("\n".join(rows) + "\n")
 PY
+    # One run of each: no rule unless --min-runs allows it.
     out=$(python3 "$script" --node-ranks 2 "$dir/made_up.csv") || return 1
+    grep -q '^mpi' <<<"$out" && return 1
+    grep -q 'fewer than 3 runs' <<<"$out" || return 1
+    out=$(python3 "$script" --min-runs 1 --node-ranks 2 "$dir/made_up.csv") || return 1
     echo "$out"
     [ "$(grep -c '^mpi' <<<"$out")" -eq 1 ] || return 1
     grep -Eq '^mpi +all_reduce +2 +2 +16K-256K +rabenseifner +# 1.20x faster' <<<"$out" || return 1
     # A margin of 0: the 2% at 4K is a win too, merged with the sizes after it.
-    python3 "$script" --margin 0 "$dir/made_up.csv" | grep -Eq '^mpi +all_reduce +2 +\* +4K-256K +rabenseifner +# 1.02-1.20x' ||
+    python3 "$script" --min-runs 1 --margin 0 "$dir/made_up.csv" | grep -Eq '^mpi +all_reduce +2 +\* +4K-256K +rabenseifner +# 1.02-1.20x' ||
         return 1
     # A real sweep, its rules, and unison-bench following them.
     bash "$mpiexec" -n 2 "$prog" -B mpi -b 1K -e 64K -f 4 -n 2 -w 1 --algorithm all --format csv \
         >"$dir/sweep.csv" || return 1
-    python3 "$script" --margin 0 --node-ranks 2 -o "$dir/cluster.rules" "$dir/sweep.csv" || return 1
+    python3 "$script" --min-runs 1 --margin 0 --node-ranks 2 -o "$dir/cluster.rules" "$dir/sweep.csv" ||
+        return 1
     cat "$dir/cluster.rules"
     out=$(UNISON_TUNING_FILE="$dir/cluster.rules" bash "$mpiexec" -n 2 "$prog" -B mpi -b 1K -e 64K \
         -f 4 -n 2 -w 1 --format csv) || return 1
