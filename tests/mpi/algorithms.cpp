@@ -10,6 +10,8 @@
 
 #include <doctest/doctest.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -991,4 +993,56 @@ TEST_CASE("mpi communicator: ranks holding different tuning rules are refused be
     std::vector<float> x(100, static_cast<float>(rank + 1));
     unison::all_reduce(comm, x);
     CHECK(x.front() == static_cast<float>(n * (n + 1) / 2));
+}
+
+TEST_CASE("mpi communicator: a node's cores are the union of its ranks' affinities") {
+    // Open MPI binds each of 2 ranks to a core of its own, so that each process may
+    // run on one core; the node still has two for its two ranks, and waits must not
+    // yield as if it were oversubscribed. The reference: every rank's affinity,
+    // all-gathered, OR-ed over the ranks MPI puts on this node.
+    int rank = 0, n = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    cpu_set_t own;
+    CPU_ZERO(&own);
+    REQUIRE(::sched_getaffinity(0, sizeof own, &own) == 0);
+    std::vector<cpu_set_t> all(static_cast<std::size_t>(n));
+    MPI_Allgather(&own, sizeof own, MPI_BYTE, all.data(), sizeof own, MPI_BYTE, MPI_COMM_WORLD);
+    MPI_Comm local = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+    int local_ranks = 0;
+    MPI_Comm_size(local, &local_ranks);
+    std::vector<int> world_of(static_cast<std::size_t>(local_ranks));
+    MPI_Allgather(&rank, 1, MPI_INT, world_of.data(), 1, MPI_INT, local);
+    MPI_Comm_free(&local);
+    cpu_set_t node;
+    CPU_ZERO(&node);
+    for (int r : world_of) {
+        CPU_OR(&node, &node, &all[static_cast<std::size_t>(r)]);
+    }
+    auto comm = forced(unison::algorithm::automatic);
+    CAPTURE(CPU_COUNT(&own));
+    CHECK(comm.node_cores() == CPU_COUNT(&node));
+    CHECK(comm.oversubscribed() == (local_ranks > CPU_COUNT(&node)));
+    // Every rank a node of its own: its own affinity, one rank on it.
+    auto alone = on_nodes(unison::algorithm::automatic, 1);
+    CHECK(alone.node_cores() == CPU_COUNT(&own));
+    CHECK_FALSE(alone.oversubscribed());
+
+    // The union itself, on made-up masks of 3 ranks whatever the launcher did: rank
+    // 0 on CPU 0, rank 1 on CPU 1, rank 2 on CPUs 1 and 130.
+    using unison::detail::cpu_words;
+    std::vector<std::uint64_t> masks(3 * cpu_words{}.size(), 0);
+    masks[0] = 1;
+    masks[cpu_words{}.size()] = 2;
+    masks[2 * cpu_words{}.size()] = 2;
+    masks[2 * cpu_words{}.size() + 2] = 4;
+    CHECK(unison::detail::cpus_of(masks, std::vector<int>{0, 1}) == 2);
+    CHECK(unison::detail::cpus_of(masks, std::vector<int>{1}) == 1);
+    CHECK(unison::detail::cpus_of(masks, std::vector<int>{1, 2}) == 2);
+    CHECK(unison::detail::cpus_of(masks, std::vector<int>{0, 1, 2}) == 3);
+    // A rank that could not read its own: the machine's hardware threads.
+    masks[0] = 0;
+    CHECK(unison::detail::cpus_of(masks, std::vector<int>{0, 1}) ==
+          static_cast<int>(std::thread::hardware_concurrency()));
 }

@@ -113,6 +113,15 @@ public:
     /// The most ranks any one node holds (size() on one node, 1 with a rank per node),
     /// from MPI_Comm_split_type or comm_options::ranks_per_node.
     int node_ranks() const noexcept { return state_->nodes.node_ranks; }
+    /// The cores this rank's node may run this communicator's ranks on: the union of
+    /// their CPU affinities (a launcher that binds each rank to a core leaves each
+    /// one core, and the node as many as it has ranks), or the machine's hardware
+    /// threads where a rank cannot read its own.
+    int node_cores() const noexcept { return state_->node_cores; }
+    /// More of this communicator's ranks on this rank's node than node_cores(): a
+    /// waiting rank then yields its core at every poll, so that the rank it waits
+    /// for can run.
+    bool oversubscribed() const noexcept { return state_->oversubscribed; }
     /// The algorithm an all-reduce of `bytes` runs on this communicator: the forced
     /// one (options().all_reduce_algorithm; rank_ordered when options().deterministic),
     /// else the first of options().tuning's rules that matches, else the tuning's
@@ -171,7 +180,9 @@ private:
             const comm_options& o = options();
             return "mpi_communicator " + how + ": rank " + std::to_string(rank()) + " of " +
                    std::to_string(size()) + ", " + std::to_string(node_ranks()) +
-                   " ranks per node" + (one_node() ? " (one node)" : "") +
+                   " ranks per node" + (one_node() ? " (one node)" : "") + ", " +
+                   std::to_string(node_cores()) + " cores for this node's ranks" +
+                   (oversubscribed() ? " (oversubscribed: waits yield the core)" : "") +
                    ", all-reduce algorithm " + std::string(to_string(mpi_forced_algorithm(o))) +
                    ", timeout " + std::to_string(o.timeout.count()) + " ms" +
                    (o.check_matching ? ", full call matching" : "") +

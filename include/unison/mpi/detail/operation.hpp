@@ -41,6 +41,8 @@
 #include <sched.h>
 #endif
 
+#include <array>
+#include <bit>
 #include <chrono>
 #include <climits>
 #include <cstddef>
@@ -60,6 +62,51 @@
 namespace unison::detail {
 
 class mpi_operation;
+
+/// A set of CPUs, one bit each, CPUs 0 to 1023 (cpu_set_t's reach).
+using cpu_words = std::array<std::uint64_t, 16>;
+
+/// The CPUs this process may run on (its affinity, which launchers' binding,
+/// containers and taskset narrow), or none when it cannot be read.
+inline cpu_words cpu_affinity() noexcept {
+    cpu_words words{};
+#ifdef __linux__
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+        for (int cpu = 0; cpu < static_cast<int>(words.size()) * 64 && cpu < CPU_SETSIZE; ++cpu) {
+            if (CPU_ISSET(cpu, &set)) {
+                words[static_cast<std::size_t>(cpu / 64)] |= std::uint64_t{1} << (cpu % 64);
+            }
+        }
+    }
+#endif
+    return words;
+}
+
+/// The CPUs (hardware threads) in the union of `members`' affinities, `masks`
+/// holding every rank's cpu_words in rank order; the machine's hardware threads
+/// when one of them could not read its own (0 when that is unknown too).
+inline int cpus_of(std::span<const std::uint64_t> masks, std::span<const int> members) {
+    const std::size_t n = cpu_words{}.size();
+    cpu_words all{};
+    for (int r : members) {
+        std::uint64_t any = 0;
+        for (std::size_t w = 0; w < n; ++w) {
+            const std::uint64_t bits = masks[static_cast<std::size_t>(r) * n + w];
+            all[w] |= bits;
+            any |= bits;
+        }
+        if (any == 0) {
+            return static_cast<int>(std::thread::hardware_concurrency());
+        }
+    }
+    int cpus = 0;
+    for (std::uint64_t word : all) {
+        cpus += std::popcount(word);
+    }
+    return cpus;
+}
 
 /// Everything one MPI communicator owns; requests point at it.
 class mpi_rank_state {
@@ -186,7 +233,11 @@ public:
     int node = 0;          ///< this rank's node's name (find_nodes)
     node_layout nodes;     ///< which ranks share a node (memory), the same on every rank
     bool one_node = false; ///< every rank on one node
-    /// More of this communicator's ranks on a node than this process has cores: a
+    /// The CPUs (hardware threads) this rank's node may run its ranks of this
+    /// communicator on: the union of their affinities (find_nodes, cpus_of), or,
+    /// where a rank cannot read its own, the machine's hardware threads.
+    int node_cores = 0;
+    /// More of this communicator's ranks on this rank's node than node_cores: a
     /// waiting rank yields at every poll, so that the peer it waits for can run (an
     /// MPI's own progress loop does not always yield: MPICH's does not).
     bool oversubscribed = false;
@@ -274,6 +325,15 @@ private:
         std::vector<int> all(fields * static_cast<std::size_t>(size));
         UNISON_CHECK_MPI(MPI_Allgather(mine, fields, MPI_INT, all.data(), fields, MPI_INT, comm),
                          rank, "mpi_communicator");
+        // Each rank's CPU affinity: a launcher that binds every rank to a core of its
+        // own (Open MPI at 2 ranks, Slurm's --cpu-bind) leaves each a single core, and
+        // only the union over a node says how many its ranks share.
+        const cpu_words own = cpu_affinity();
+        std::vector<std::uint64_t> masks(own.size() * static_cast<std::size_t>(size));
+        UNISON_CHECK_MPI(MPI_Allgather(own.data(), static_cast<int>(own.size()), MPI_UINT64_T,
+                                       masks.data(), static_cast<int>(own.size()), MPI_UINT64_T,
+                                       comm),
+                         rank, "mpi_communicator");
         std::vector<int> node_of(static_cast<std::size_t>(size));
         for (int r = 0; r < size; ++r) {
             const int* theirs = all.data() + fields * static_cast<std::size_t>(r);
@@ -315,8 +375,8 @@ private:
         }
         nodes = node_layout::of(node_of, rank);
         one_node = nodes.one_node(size);
-        const int cores = usable_cores();
-        oversubscribed = cores > 0 && nodes.node_ranks > cores;
+        node_cores = cpus_of(masks, nodes.members);
+        oversubscribed = node_cores > 0 && static_cast<int>(nodes.members.size()) > node_cores;
         int world = 0;
         MPI_Comm_size(MPI_COMM_WORLD, &world);
         if (size == world) {
@@ -324,19 +384,6 @@ private:
             // before it no longer say that a peer is gone (mpi_environment reads it).
             abandoned_calls::instance().clear();
         }
-    }
-
-    /// The cores this process may run on (its CPU affinity, which containers and
-    /// taskset narrow), or 0 when unknown.
-    static int usable_cores() noexcept {
-#ifdef __linux__
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        if (::sched_getaffinity(0, sizeof set, &set) == 0) {
-            return CPU_COUNT(&set);
-        }
-#endif
-        return static_cast<int>(std::thread::hardware_concurrency());
     }
 
     template <class Seq>
