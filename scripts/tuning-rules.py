@@ -28,7 +28,7 @@ otherwise hold for any layout). The speed-up in each rule's comment is over the
 built-in choice, or over the next best where no automatic run was measured.
 
 The rules go to standard output (or -o), one per line with the speed-up and the
-number of runs behind it as a comment; include/unison/comm/tuning_rules.hpp
+number of measurements (rows) behind it as a comment; include/unison/comm/tuning_rules.hpp
 describes the format. Exit status: 0, 1 when no rule could be made from the input
 (no MPI rows), 2 for a bad command line or input.
 """
@@ -64,7 +64,7 @@ def time_of(row, place):
     return (float(oop) + float(ip)) / 2
 
 
-def read(paths, place):
+def read(paths, place, dtype, op):
     """{(collective, ranks): {size: {algorithm: [times]}}}, and the built-in choice
     {(collective, ranks, size): algorithm} where an automatic run was measured."""
     times = collections.defaultdict(lambda: collections.defaultdict(lambda: collections.defaultdict(list)))
@@ -89,9 +89,17 @@ def read(paths, place):
                     continue
                 if row.get("collective") not in COLLECTIVES:
                     continue
+                if row.get("dtype") != dtype:
+                    continue
+                if row["collective"] != "all_gather" and row.get("op") != op:
+                    continue  # an all_gather reduces nothing: its op is "none"
                 if "requested" not in row:
                     raise BadInput(f"{path}: no 'requested' column: measure with a "
                                    "unison-bench that writes it")
+                if row["requested"].endswith("+rules"):
+                    raise BadInput(f"{path}:{line}: measured with tuning rules loaded "
+                                   "(UNISON_TUNING_FILE): its automatic rows are not the "
+                                   "built-in choice; measure with it unset")
                 if row["oop_wrong"] not in ("0", "") or row["ip_wrong"] not in ("0", ""):
                     raise BadInput(f"{path}:{line}: a wrong result ({row['algorithm']} at "
                                    f"{row['size']} bytes): fix that first")
@@ -168,14 +176,19 @@ def main():
                    help="the most ranks one node held in the runs (mpi_communicator::node_ranks(): "
                         "the rank count on one node, 1 with a rank per node), as the rules' "
                         "node_ranks field: N, A-B, A- or * [*]")
+    p.add_argument("--dtype", default="float",
+                   help="the rows' dtype to read (rules hold for any dtype: sweep the one "
+                        "that training reduces) [float]")
+    p.add_argument("--op", default="sum",
+                   help="the rows' reduction to read (all_gather rows have none) [sum]")
     p.add_argument("--place", choices=("in", "out", "both"), default="both",
                    help="time in place, out of place, or the mean of both [both]")
     p.add_argument("--margin", type=float, default=0.05,
                    help="how much faster than the built-in choice a winner must be to override "
                         "it, as a fraction [0.05]")
     p.add_argument("--min-runs", type=int, default=3,
-                   help="runs each algorithm needs at a size for that size to get a rule: one "
-                        "run on a shared machine is noise [3]")
+                   help="measurements (rows) each algorithm needs at a size for that size to "
+                        "get a rule: one run on a shared machine is noise [3]")
     p.add_argument("-o", "--output", help="the rules file to write [standard output]")
     a = p.parse_args()
     if a.margin < 0:
@@ -183,10 +196,11 @@ def main():
     if a.min_runs < 1:
         p.error("--min-runs must be 1 or more")
     count = r"[1-9][0-9]{0,8}"
-    if not re.fullmatch(rf"\*|{count}(-({count})?)?", a.node_ranks):
-        p.error(f"--node-ranks '{a.node_ranks}' is not N, A-B, A- or * (counts from 1)")
+    bounds = re.fullmatch(rf"\*|({count})(-({count})?)?", a.node_ranks)
+    if not bounds or (bounds.group(3) and int(bounds.group(3)) < int(bounds.group(1))):
+        p.error(f"--node-ranks '{a.node_ranks}' is not N, A-B (A <= B), A- or * (counts from 1)")
     try:
-        times, builtin = read(a.csv, a.place)
+        times, builtin = read(a.csv, a.place, a.dtype, a.op)
     except BadInput as e:
         print(f"tuning-rules.py: {e}", file=sys.stderr)
         return 2
@@ -194,8 +208,8 @@ def main():
         print(f"tuning-rules.py: cannot read the measurements: {e!r}", file=sys.stderr)
         return 2
     if not times:
-        print("tuning-rules.py: no unison rows of the MPI backend in " + ", ".join(a.csv),
-              file=sys.stderr)
+        print(f"tuning-rules.py: no unison rows of the MPI backend with dtype {a.dtype} and op "
+              f"{a.op} in " + ", ".join(a.csv), file=sys.stderr)
         return 1
     rules, thin = choose(times, builtin, a.margin, a.min_runs)
     lines = [
@@ -208,12 +222,13 @@ def main():
     for collective, ranks, start, end, algorithm, (lo, hi), runs in rules:
         gain = f"{lo:.2f}x" if abs(hi - lo) < 0.005 else f"{lo:.2f}-{hi:.2f}x"
         lines.append(f"mpi        {collective:<15} {ranks:<6} {a.node_ranks:<11} "
-                     f"{size_text(start) + '-' + size_text(end):<18} {algorithm:<20} "
-                     f"# {gain} faster, {runs} run{'s' if runs != 1 else ''}")
+                     f"{size_text(start) + ('' if end == start + 1 else '-' + size_text(end)):<18} "
+                     f"{algorithm:<20} "
+                     f"# {gain} faster, {runs} measurement{'s' if runs != 1 else ''}")
     if thin:
         lines.append(f"# {thin} collective, rank count and size cells had fewer than "
-                     f"{a.min_runs} runs of some algorithm: left to the built-in tuning")
-        print(f"tuning-rules.py: {thin} cells had fewer than {a.min_runs} runs of some "
+                     f"{a.min_runs} measurements of some algorithm: left to the built-in tuning")
+        print(f"tuning-rules.py: {thin} cells had fewer than {a.min_runs} measurements of some "
               "algorithm and got no rule (--min-runs)", file=sys.stderr)
     if not rules:
         lines.append("# (no rule: the built-in tuning held, or too few runs, everywhere measured)")

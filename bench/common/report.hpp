@@ -21,8 +21,9 @@
 ///   for the main rows and the baseline's name ("raw-mpi", "local-add") for the others.
 ///   Last, `algorithm`: the algorithm that ran at that size (main rows, where there is
 ///   a choice), and `requested`: the one the run asked for (the MPI backend's
-///   main rows: automatic or the forced one), so that a sweep's automatic rows can
-///   be told from its forced ones (scripts/tuning-rules.py reads both).
+///   main rows: automatic or the forced one, "+rules" added while tuning rules are
+///   loaded), so that a sweep's automatic rows can be told from its forced ones
+///   (scripts/tuning-rules.py reads both).
 
 #include "bench_config.hpp"
 #include "collective_shape.hpp"
@@ -543,10 +544,11 @@ protected:
         f.push_back({"algorithm", ran.empty() ? std::nullopt : text(ran), true});
         // What the run asked for (automatic: the tuning, and any tuning rules), so
         // that a sweep's automatic rows can be told from the forced ones.
-        f.push_back(
-            {"requested",
-             table_ == "unison" && !info_.algorithm.empty() ? text(info_.algorithm) : std::nullopt,
-             true});
+        f.push_back({"requested",
+                     table_ == "unison" && !info_.algorithm.empty()
+                         ? text(info_.algorithm + (info_.tuning_rules.empty() ? "" : "+rules"))
+                         : std::nullopt,
+                     true});
         return f;
     }
 

@@ -176,7 +176,8 @@ tuning_rules_mpi() {
     trap 'rm -rf "$dir"' RETURN
     python3 - "$dir/made_up.csv" <<'PY' || return 1
 import sys
-head = "table,backend,collective,ranks,size,oop_time_us,oop_wrong,ip_time_us,ip_wrong,algorithm,requested"
+head = ("table,backend,collective,ranks,dtype,op,size,oop_time_us,oop_wrong,ip_time_us,ip_wrong,"
+        "algorithm,requested")
 rows = [head]
 # 2 ranks: the built-in recursive doubling at 1-4K, the ring from 16K; rabenseifner
 # beats the ring by 20% at 16K and 64K, and recursive doubling by 2% (under the
@@ -190,18 +191,25 @@ for size, by in times.items():
     auto = "recursive_doubling" if size < 16384 else "ring"
     for alg, t in by.items():
         for req in (["automatic", alg] if alg == auto else [alg]):
-            rows.append(f"unison,mpi,all_reduce,2,{size},{t},0,{t},0,{alg},{req}")
-rows.append("raw-mpi,mpi,all_reduce,2,1024,1,,1,,,")
-rows.append("unison,thread,all_reduce,2,1024,1,0,1,0,rank_ordered,rank_ordered")
+            rows.append(f"unison,mpi,all_reduce,2,float,sum,{size},{t},0,{t},0,{alg},{req}")
+# Left out: a baseline, another backend, another dtype.
+rows.append("raw-mpi,mpi,all_reduce,2,float,sum,1024,1,,1,,,")
+rows.append("unison,thread,all_reduce,2,float,sum,1024,1,0,1,0,rank_ordered,rank_ordered")
+rows.append("unison,mpi,all_reduce,2,double,sum,1024,1,0,1,0,ring,ring")
+# An all_gather (op none): ring over the built-in recursive doubling at 64K.
+for req in ("automatic", "recursive_doubling"):
+    rows.append(f"unison,mpi,all_gather,2,float,none,65536,10,0,10,0,recursive_doubling,{req}")
+rows.append("unison,mpi,all_gather,2,float,none,65536,5,0,5,0,ring,ring")
 open(sys.argv[1], "w").write("\n".join(rows) + "\n")
 PY
     # One run of each: no rule unless --min-runs allows it.
     out=$(python3 "$script" --node-ranks 2 "$dir/made_up.csv") || return 1
     grep -q '^mpi' <<<"$out" && return 1
-    grep -q 'fewer than 3 runs' <<<"$out" || return 1
+    grep -q 'fewer than 3 measurements' <<<"$out" || return 1
     out=$(python3 "$script" --min-runs 1 --node-ranks 2 "$dir/made_up.csv") || return 1
     echo "$out"
-    [ "$(grep -c '^mpi' <<<"$out")" -eq 1 ] || return 1
+    [ "$(grep -c '^mpi' <<<"$out")" -eq 2 ] || return 1
+    grep -Eq '^mpi +all_gather +2 +2 +64K +ring +# 2.00x faster' <<<"$out" || return 1
     grep -Eq '^mpi +all_reduce +2 +2 +16K-256K +rabenseifner +# 1.20x faster' <<<"$out" || return 1
     # A margin of 0: the 2% at 4K is a win too, merged with the sizes after it.
     python3 "$script" --min-runs 1 --margin 0 "$dir/made_up.csv" | grep -Eq '^mpi +all_reduce +2 +\* +4K-256K +rabenseifner +# 1.02-1.20x' ||
@@ -222,24 +230,28 @@ def size(s):
 rules = []
 for line in open(sys.argv[1]):
     f = line.split("#")[0].split()
-    if f:
-        lo, hi = f[4].split("-")
-        rules.append((size(lo), size(hi), f[5]))
+    if f and f[1] == "all_reduce":
+        lo, _, hi = f[4].partition("-")
+        rules.append((size(lo), size(hi) if hi else size(lo) + 1, f[5]))
 rows = [r for r in csv.DictReader(io.StringIO(sys.argv[2])) if r["table"] == "unison"]
 assert len(rows) == 4, len(rows)
 for r in rows:
     b = int(r["size"])
     want = [a for lo, hi, a in rules if lo <= b < hi]
-    assert r["requested"] == "automatic" and r["oop_wrong"] == "0" and r["ip_wrong"] == "0", r
+    assert r["requested"] == "automatic+rules" and r["oop_wrong"] == "0" and r["ip_wrong"] == "0", r
     assert not want or r["algorithm"] == want[0], (b, r["algorithm"], want)
 print("rules followed:", [(r["size"], r["algorithm"]) for r in rows])
 PY
-    # Not a sweep: no MPI rows (1), a wrong result (2); a malformed rules file.
+    # Not a sweep: no MPI rows (1), a wrong result or rules loaded while measuring (2);
+    # a malformed rules file.
     head -1 "$dir/made_up.csv" >"$dir/empty.csv"
     python3 "$script" "$dir/empty.csv"
     [ $? -eq 1 ] || return 1
-    sed 's/^\(unison,mpi,all_reduce,2,1024,5\),0,/\1,3,/' "$dir/made_up.csv" >"$dir/wrong.csv"
+    sed 's/^\(unison,mpi,all_reduce,2,float,sum,1024,5\),0,/\1,3,/' "$dir/made_up.csv" >"$dir/wrong.csv"
     python3 "$script" "$dir/wrong.csv"
+    [ $? -eq 2 ] || return 1
+    sed 's/,automatic$/,automatic+rules/' "$dir/made_up.csv" >"$dir/ruled.csv"
+    python3 "$script" "$dir/ruled.csv"
     [ $? -eq 2 ] || return 1
     echo "mpi all_reduce 2 2 64K rings" >"$dir/bad.rules"
     out=$(UNISON_TUNING_FILE="$dir/bad.rules" bash "$mpiexec" -n 2 "$prog" -B mpi -b 1K -e 1K 2>&1)

@@ -4,6 +4,7 @@
 
 #include <unison/comm/options.hpp>
 #include <unison/comm/tuning_rules.hpp>
+#include <unison/core/detail/parse_bytes.hpp>
 #include <unison/core/error.hpp>
 
 #include <doctest/doctest.h>
@@ -16,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <unistd.h>
+#include <utility>
 
 namespace {
 
@@ -182,4 +184,42 @@ TEST_CASE("tuning rules: UNISON_TUNING_FILE is read, and a file that is not rule
     CHECK(message.find("cannot read '" + directory + "': a directory") != std::string::npos);
     ::setenv("UNISON_TUNING_FILE", "", 1);
     CHECK(unison::comm_options::from_env().tuning.empty());
+}
+
+TEST_CASE("sizes read as people write them, as nccl-tests reads them") {
+    using unison::detail::parse_bytes;
+    const std::pair<const char*, std::size_t> good[] = {{"0", 0},
+                                                        {"4096", 4096},
+                                                        {"64K", 65536},
+                                                        {"64k", 65536},
+                                                        {"1.5K", 1536},
+                                                        {"0.5M", 524288},
+                                                        {"1e3", 1000},
+                                                        {"2.5e1K", 25600},
+                                                        {"1E+2", 100},
+                                                        {"100e-2", 1},
+                                                        {"64KB", 65536},
+                                                        {"64KiB", 65536},
+                                                        {"8B", 8},
+                                                        {"3 G", 3221225472},
+                                                        {"1.75", 1},
+                                                        {".5K", 512},
+                                                        {"4.K", 4096},
+                                                        {"1M", 1048576},
+                                                        {"16777216", 16777216},
+                                                        {"1.00000000000", 1},
+                                                        {"1.00000000000K", 1024},
+                                                        {"0.50000000000M", 524288},
+                                                        {"0.00048828125M", 512},
+                                                        {"0.1M", 104857},
+                                                        {"1e-3", 0}};
+    for (const auto& [text, bytes] : good) {
+        CAPTURE(text);
+        CHECK(parse_bytes(text) == std::optional<std::size_t>(bytes));
+    }
+    for (const char* bad : {"", "-1", "K", ".", "1e", "1e+", "1x", "1KiBB", "1iB", "1e999", "1e19",
+                            "+5", "0x10", "1.5.5", "nan", "inf"}) {
+        CAPTURE(std::string(bad));
+        CHECK_FALSE(parse_bytes(bad).has_value());
+    }
 }

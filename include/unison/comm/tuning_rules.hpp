@@ -62,6 +62,8 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 namespace unison {
@@ -166,9 +168,6 @@ public:
         }
         std::ostringstream text;
         text << in.rdbuf();
-        if (in.bad()) {
-            throw argument_error(-1, "tuning rules", "cannot read '" + path + "': a read failed");
-        }
         return parse(text.str(), path);
     }
 
