@@ -43,6 +43,17 @@ struct unset_tuning_file {
     ~unset_tuning_file() { ::unsetenv("UNISON_TUNING_FILE"); }
 };
 
+/// The message of the argument_error that comm_options::from_env() throws ("" if
+/// none).
+std::string env_refusal() {
+    try {
+        (void)unison::comm_options::from_env();
+    } catch (const unison::argument_error& e) {
+        return e.what();
+    }
+    return "";
+}
+
 /// A file name of its own in the temporary directory.
 std::string temporary_path(const char* name) {
     const char* dir = std::getenv("TMPDIR");
@@ -154,33 +165,18 @@ TEST_CASE("tuning rules: UNISON_TUNING_FILE is read, and a file that is not rule
         std::ofstream out(path);
         out << "mpi all_reduce * * 1M- ring\nmpi all_reduce * * 1M- butterfly\n";
     }
-    std::string message;
-    try {
-        (void)unison::comm_options::from_env();
-    } catch (const unison::argument_error& e) {
-        message = e.what();
-    }
+    std::string message = env_refusal();
     CHECK(message.find(path + ":2: algorithm 'butterfly'") != std::string::npos);
     CHECK(message.find("(from UNISON_TUNING_FILE)") != std::string::npos);
     std::remove(path.c_str());
-    message.clear();
-    try {
-        (void)unison::comm_options::from_env();
-    } catch (const unison::argument_error& e) {
-        message = e.what();
-    }
+    message = env_refusal();
     CHECK(message.find("cannot read '" + path + "'") != std::string::npos);
     CHECK(message.find("No such file") != std::string::npos);
     // A directory is not a file of rules.
     const char* dir = std::getenv("TMPDIR");
     const std::string directory = dir != nullptr && *dir != '\0' ? dir : "/tmp";
     ::setenv("UNISON_TUNING_FILE", directory.c_str(), 1);
-    message.clear();
-    try {
-        (void)unison::comm_options::from_env();
-    } catch (const unison::argument_error& e) {
-        message = e.what();
-    }
+    message = env_refusal();
     CHECK(message.find("cannot read '" + directory + "': a directory") != std::string::npos);
     ::setenv("UNISON_TUNING_FILE", "", 1);
     CHECK(unison::comm_options::from_env().tuning.empty());
