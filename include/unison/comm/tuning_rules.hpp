@@ -194,7 +194,7 @@ public:
     std::string canonical() const {
         std::string s;
         for (const tuning_rule& r : rules_) {
-            s.append(collective_name(r.collective))
+            s.append(to_string(r.collective))
                 .append(" ")
                 .append(std::to_string(r.min_ranks))
                 .append("-")
@@ -215,12 +215,6 @@ public:
     }
 
 private:
-    static std::string_view collective_name(operation op) noexcept {
-        return op == operation::all_reduce       ? "all_reduce"
-               : op == operation::reduce_scatter ? "reduce_scatter"
-                                                 : "all_gather";
-    }
-
     [[noreturn]] void fail(std::size_t line, const std::string& what) const {
         throw argument_error(-1, "tuning rules",
                              source_ + ":" + std::to_string(line) + ": " + what);
