@@ -9,7 +9,6 @@
 
 #include <mpi.h>
 
-#include <cstdio>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -17,17 +16,16 @@
 namespace unison::bench {
 
 /// Runs `fn()` between MPI_Init and MPI_Finalize and returns its exit status. An
-/// error on one rank is printed as "`program`: what" and aborts the job, since the
-/// other ranks would wait for that rank forever.
+/// error on one rank ends the job with "`program`: what" (mpi_environment::abort_job,
+/// which gives the launcher time to forward it), since the other ranks would wait
+/// for that rank forever.
 template <class Fn>
 int run_mpi_job(const char* program, int& argc, char**& argv, Fn&& fn) {
     mpi_environment env(argc, argv);
     try {
         return fn();
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s: %s\n", program, e.what());
-        MPI_Abort(MPI_COMM_WORLD, 1);
-        return 1;
+        mpi_environment::abort_job(std::string(program) + ": " + e.what());
     }
 }
 

@@ -562,12 +562,8 @@ int main(int argc, char** argv) {
     try {
         unison::mpi_communicator comm(MPI_COMM_WORLD);
         return train(comm, s);
-    } catch (const unison::error& e) {
-        std::fprintf(stderr, "fsdp_transformer: %s\n", e.what());
-    } catch (const std::exception& e) { // LibTorch's c10::Error, std::bad_alloc, ...
-        std::fprintf(stderr, "fsdp_transformer: %s\n", e.what());
+    } catch (const std::exception& e) { // unison::error, LibTorch's c10::Error, ...
+        // The other ranks may be waiting in a collective this rank will never join.
+        unison::mpi_environment::abort_job(std::string("fsdp_transformer: ") + e.what());
     }
-    // The other ranks may be waiting in a collective this rank will never join.
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
 }

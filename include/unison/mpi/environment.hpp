@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <thread>
 
 namespace unison {
@@ -82,6 +83,7 @@ public:
     }
     mpi_environment(const mpi_environment&) = delete;
     mpi_environment& operator=(const mpi_environment&) = delete;
+
     ~mpi_environment() {
         int finalized = 0;
         MPI_Finalized(&finalized);
@@ -89,11 +91,31 @@ public:
             return;
         }
         if (!everyone_arrives()) {
-            abort_job();
+            end_after_timeout();
         }
         MPI_Comm_free(&exit_comm_);
         MPI_Finalize();
     }
+
+    /// Ends the whole job from this process, for an error after which it cannot go on
+    /// while the others may be waiting for it in a collective: writes `message` and a
+    /// newline to stderr, waits `abort_output_grace`, then calls
+    /// `MPI_Abort(MPI_COMM_WORLD, exit_code)`, which the launcher turns into the job's
+    /// exit status. The wait is there because the message is the only account of why
+    /// the job ended and it is in a pipe to the launcher: MPICH's Hydra can act on the
+    /// abort before it has forwarded that pipe, and then drops it (about one run in
+    /// ten of a 2-rank job that fails at once, on a 2-core machine). Needs MPI
+    /// initialized; does not return.
+    [[noreturn]] static void abort_job(std::string_view message, int exit_code = 1) {
+        std::fprintf(stderr, "%.*s\n", static_cast<int>(message.size()), message.data());
+        std::fflush(stderr);
+        std::this_thread::sleep_for(abort_output_grace);
+        MPI_Abort(MPI_COMM_WORLD, exit_code);
+        std::_Exit(exit_code); // MPI_Abort does not return; if it did, leave anyway
+    }
+
+    /// How long abort_job waits between writing why and calling MPI_Abort.
+    static constexpr std::chrono::milliseconds abort_output_grace{500};
 
 private:
     /// Collective: whether every process reached its exit barrier; bounded by the
@@ -123,7 +145,7 @@ private:
         }
     }
 
-    [[noreturn]] static void abort_job() {
+    [[noreturn]] static void end_after_timeout() {
         int rank = -1;
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
         const auto call = detail::abandoned_calls::instance().first();
@@ -133,24 +155,12 @@ private:
                                           std::to_string(call->waiting_for) + " of its communicator"
                                     : std::string()) +
             ", and not every process reached the end of the job within that time";
-        std::fprintf(stderr,
-                     "unison: rank %d: mpi_environment: %s; MPI_Finalize would wait for them "
-                     "forever, so this process ends the job: MPI_Abort with exit code %d\n",
-                     rank, why.c_str(), abort_exit_code);
-        std::fflush(stderr);
-        // The line above is the only account of why the job ended, and it is in a
-        // pipe to the launcher. MPICH's Hydra can act on the abort before it has
-        // forwarded that pipe and then drops it (seen once in CI: exit status 75
-        // and no line from any rank), as other launchers have done. So
-        // give the launcher a moment to forward it first.
-        std::this_thread::sleep_for(abort_output_grace);
-        MPI_Abort(MPI_COMM_WORLD, abort_exit_code);
-        std::_Exit(abort_exit_code); // MPI_Abort does not return; if it did, leave anyway
+        abort_job("unison: rank " + std::to_string(rank) + ": mpi_environment: " + why +
+                      "; MPI_Finalize would wait for them forever, so this process ends the job: "
+                      "MPI_Abort with exit code " +
+                      std::to_string(abort_exit_code),
+                  abort_exit_code);
     }
-
-    /// How long a process that ends the job waits between writing why and calling
-    /// MPI_Abort, so that the launcher forwards the message before killing the job.
-    static constexpr std::chrono::milliseconds abort_output_grace{500};
 
     bool owner_ = false;
     MPI_Comm exit_comm_ = MPI_COMM_NULL;
