@@ -13,10 +13,12 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <span>
 #include <string>
@@ -995,11 +997,12 @@ TEST_CASE("mpi communicator: ranks holding different tuning rules are refused be
     CHECK(x.front() == static_cast<float>(n * (n + 1) / 2));
 }
 
-TEST_CASE("mpi communicator: a node's cores are the union of its ranks' affinities") {
+TEST_CASE("mpi communicator: a machine's cores are the union of its ranks' affinities") {
     // Open MPI binds each of 2 ranks to a core of its own, so that each process may
-    // run on one core; the node still has two for its two ranks, and waits must not
-    // yield as if it were oversubscribed. The reference: every rank's affinity,
-    // all-gathered, OR-ed over the ranks MPI puts on this node.
+    // run on one core; the machine still has two for its two ranks, and waits must
+    // not yield as if it were oversubscribed. The reference: every rank's affinity
+    // and its kernel's boot_id, all-gathered, the affinities OR-ed over the ranks
+    // that share this rank's boot_id.
     int rank = 0, n = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
@@ -1008,26 +1011,43 @@ TEST_CASE("mpi communicator: a node's cores are the union of its ranks' affiniti
     REQUIRE(::sched_getaffinity(0, sizeof own, &own) == 0);
     std::vector<cpu_set_t> all(static_cast<std::size_t>(n));
     MPI_Allgather(&own, sizeof own, MPI_BYTE, all.data(), sizeof own, MPI_BYTE, MPI_COMM_WORLD);
-    MPI_Comm local = MPI_COMM_NULL;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-    int local_ranks = 0;
-    MPI_Comm_size(local, &local_ranks);
-    std::vector<int> world_of(static_cast<std::size_t>(local_ranks));
-    MPI_Allgather(&rank, 1, MPI_INT, world_of.data(), 1, MPI_INT, local);
-    MPI_Comm_free(&local);
-    cpu_set_t node;
-    CPU_ZERO(&node);
-    for (int r : world_of) {
-        CPU_OR(&node, &node, &all[static_cast<std::size_t>(r)]);
+    std::array<char, 64> boot{};
+    if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+        CHECK(std::fread(boot.data(), 1, boot.size() - 1, f) > 0);
+        std::fclose(f);
     }
-    auto comm = forced(unison::algorithm::automatic);
+    std::vector<std::array<char, 64>> boots(static_cast<std::size_t>(n));
+    MPI_Allgather(boot.data(), static_cast<int>(boot.size()), MPI_CHAR, boots.data(),
+                  static_cast<int>(boot.size()), MPI_CHAR, MPI_COMM_WORLD);
+    cpu_set_t machine;
+    CPU_ZERO(&machine);
+    int machine_ranks = 0;
+    for (int r = 0; r < n; ++r) {
+        if (boots[static_cast<std::size_t>(r)] == boot) {
+            CPU_OR(&machine, &machine, &all[static_cast<std::size_t>(r)]);
+            ++machine_ranks;
+        }
+    }
+    const bool over = machine_ranks > CPU_COUNT(&machine);
     CAPTURE(CPU_COUNT(&own));
-    CHECK(comm.node_cores() == CPU_COUNT(&node));
-    CHECK(comm.oversubscribed() == (local_ranks > CPU_COUNT(&node)));
-    // Every rank a node of its own: its own affinity, one rank on it.
+    CAPTURE(CPU_COUNT(&machine));
+    CAPTURE(machine_ranks);
+    auto comm = forced(unison::algorithm::automatic);
+    CHECK(comm.node_cores() == CPU_COUNT(&machine));
+    CHECK(comm.oversubscribed() == over);
+    // Every rank a node of its own (ranks_per_node 1): the nodes the tuning sees,
+    // but the same machine, the same cores and the same ranks on them.
     auto alone = on_nodes(unison::algorithm::automatic, 1);
-    CHECK(alone.node_cores() == CPU_COUNT(&own));
-    CHECK_FALSE(alone.oversubscribed());
+    CHECK(alone.node_ranks() == 1);
+    CHECK(alone.node_cores() == CPU_COUNT(&machine));
+    CHECK(alone.oversubscribed() == over);
+    // A split of one rank each: alone in its communicator, but the others still run
+    // beside it, so it keeps the world's oversubscription (as any communicator this
+    // process makes from now on does).
+    auto single = comm.split(rank, 0);
+    CHECK(single.size() == 1);
+    CHECK(single.node_cores() == CPU_COUNT(&own));
+    CHECK(single.oversubscribed() == over);
 
     // The union itself, on made-up masks of 3 ranks whatever the launcher did: rank
     // 0 on CPU 0, rank 1 on CPU 1, rank 2 on CPUs 1 and 130.

@@ -113,14 +113,18 @@ public:
     /// The most ranks any one node holds (size() on one node, 1 with a rank per node),
     /// from MPI_Comm_split_type or comm_options::ranks_per_node.
     int node_ranks() const noexcept { return state_->nodes.node_ranks; }
-    /// The cores this rank's node may run this communicator's ranks on: the union of
-    /// their CPU affinities (a launcher that binds each rank to a core leaves each
-    /// one core, and the node as many as it has ranks), or the machine's hardware
-    /// threads where a rank cannot read its own.
+    /// The cores on which this rank's machine runs the ranks of this communicator it
+    /// holds: the union of their CPU affinities (a launcher that binds each rank to a
+    /// core leaves each one core, and the machine as many as it has ranks), or the
+    /// machine's hardware threads where a rank cannot read its own. Hardware threads,
+    /// on a machine rather than a node: a machine is a running kernel (Linux's
+    /// boot_id, else the host's name, else MPI's shared-memory group), so containers
+    /// on one host share one, whatever MPI or comm_options::ranks_per_node call a node.
     int node_cores() const noexcept { return state_->node_cores; }
-    /// More of this communicator's ranks on this rank's node than node_cores(): a
-    /// waiting rank then yields its core at every poll, so that the rank it waits
-    /// for can run.
+    /// More of this communicator's ranks on this rank's machine than node_cores(), or
+    /// of any MPI communicator this process made before it (the ranks a split leaves
+    /// out still run): a waiting rank then yields its core at every poll, so that the
+    /// rank it waits for can run.
     bool oversubscribed() const noexcept { return state_->oversubscribed; }
     /// The algorithm an all-reduce of `bytes` runs on this communicator: the forced
     /// one (options().all_reduce_algorithm; rank_ordered when options().deterministic),
@@ -181,7 +185,7 @@ private:
             return "mpi_communicator " + how + ": rank " + std::to_string(rank()) + " of " +
                    std::to_string(size()) + ", " + std::to_string(node_ranks()) +
                    " ranks per node" + (one_node() ? " (one node)" : "") + ", " +
-                   std::to_string(node_cores()) + " cores for this node's ranks" +
+                   std::to_string(node_cores()) + " cores for this machine's ranks" +
                    (oversubscribed() ? " (oversubscribed: waits yield the core)" : "") +
                    ", all-reduce algorithm " + std::string(to_string(mpi_forced_algorithm(o))) +
                    ", timeout " + std::to_string(o.timeout.count()) + " ms" +

@@ -40,13 +40,18 @@
 #ifdef __linux__
 #include <sched.h>
 #endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 #include <array>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -82,6 +87,39 @@ inline cpu_words cpu_affinity() noexcept {
     }
 #endif
     return words;
+}
+
+/// A name for the kernel this process runs on, the same for every process it runs
+/// (containers on one host included) and different on another machine or virtual
+/// machine, so that CPU numbers mean the same CPUs among processes that share it: a
+/// hash of Linux's boot_id, else of the host's name; 0 when neither can be read
+/// (find_nodes then takes MPI's shared-memory group).
+inline std::uint64_t machine_key() noexcept {
+#ifdef __linux__
+    if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+        char id[64] = {};
+        const std::size_t got = std::fread(id, 1, sizeof id - 1, f);
+        std::fclose(f);
+        if (got > 0) {
+            return fnv1a64(id, got);
+        }
+    }
+#endif
+#if defined(__unix__) || defined(__APPLE__)
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0 && host[0] != '\0') {
+        return fnv1a64(host, std::strlen(host));
+    }
+#endif
+    return 0;
+}
+
+/// Whether an MPI communicator this process made found more ranks on its machine
+/// than cores for them; once set, every communicator made after it yields in its
+/// waits too.
+inline std::atomic<bool>& machine_oversubscribed() noexcept {
+    static std::atomic<bool> seen{false};
+    return seen;
 }
 
 /// The CPUs (hardware threads) in the union of `members`' affinities, `masks`
@@ -233,11 +271,14 @@ public:
     int node = 0;          ///< this rank's node's name (find_nodes)
     node_layout nodes;     ///< which ranks share a node (memory), the same on every rank
     bool one_node = false; ///< every rank on one node
-    /// The CPUs (hardware threads) this rank's node may run its ranks of this
-    /// communicator on: the union of their affinities (find_nodes, cpus_of), or,
-    /// where a rank cannot read its own, the machine's hardware threads.
+    /// The CPUs (hardware threads) on which this rank's machine (its kernel:
+    /// machine_key) runs the ranks of this communicator it holds: the union of
+    /// their affinities (find_nodes, cpus_of), or, where a rank cannot read its
+    /// own, the machine's hardware threads. The machine, not `nodes`: ranks_per_node
+    /// may split one machine into several nodes, or MPI see one container as a node.
     int node_cores = 0;
-    /// More of this communicator's ranks on this rank's node than node_cores: a
+    /// More of this communicator's ranks on this rank's machine than node_cores, or
+    /// of any communicator this process made before (machine_oversubscribed): a
     /// waiting rank yields at every poll, so that the peer it waits for can run (an
     /// MPI's own progress loop does not always yield: MPICH's does not).
     bool oversubscribed = false;
@@ -297,7 +338,8 @@ private:
     /// (ranks_per_node, all_reduce_algorithm, deterministic, tuning): ranks whose schedules
     /// would differ could wait for each other until the timeout, so options that
     /// differ are an argument_error on every rank, naming a rank that differs, before
-    /// any call.
+    /// any call. With them, each rank's machine (machine_key) and CPU affinity, for
+    /// node_cores and oversubscribed.
     void find_nodes(int given) {
         node = rank; // collective calls alike on every rank, whatever its options
         MPI_Comm local = MPI_COMM_NULL;
@@ -307,6 +349,12 @@ private:
             MPI_Allreduce(&rank, &node, 1, MPI_INT, MPI_MIN, local);
             MPI_Comm_free(&local);
         }
+        // Where no kernel's name can be read, MPI's shared-memory group stands in
+        // (a small number, unlike a hash).
+        std::uint64_t machine = machine_key();
+        if (machine == 0) {
+            machine = static_cast<std::uint64_t>(node) + 1;
+        }
         if (given >= 0) {
             node = given;
         } else if (options.ranks_per_node > 0) {
@@ -314,20 +362,22 @@ private:
         }
         const std::string rules = options.tuning.canonical();
         const std::uint64_t digest = fnv1a64(rules.data(), rules.size());
-        constexpr std::size_t fields = 6;
+        constexpr std::size_t fields = 8;
         const int mine[fields] = {
             node,
             options.ranks_per_node,
             options.deterministic ? 1 : 0,
             static_cast<int>(forced),
             static_cast<int>(options.tuning.rules().size()),
-            static_cast<int>(static_cast<std::uint32_t>(digest ^ (digest >> 32)))};
+            static_cast<int>(static_cast<std::uint32_t>(digest ^ (digest >> 32))),
+            static_cast<int>(static_cast<std::uint32_t>(machine)),
+            static_cast<int>(static_cast<std::uint32_t>(machine >> 32))};
         std::vector<int> all(fields * static_cast<std::size_t>(size));
         UNISON_CHECK_MPI(MPI_Allgather(mine, fields, MPI_INT, all.data(), fields, MPI_INT, comm),
                          rank, "mpi_communicator");
         // Each rank's CPU affinity: a launcher that binds every rank to a core of its
         // own (Open MPI at 2 ranks, Slurm's --cpu-bind) leaves each a single core, and
-        // only the union over a node says how many its ranks share.
+        // only the union over a machine says how many its ranks share.
         const cpu_words own = cpu_affinity();
         std::vector<std::uint64_t> masks(own.size() * static_cast<std::size_t>(size));
         UNISON_CHECK_MPI(MPI_Allgather(own.data(), static_cast<int>(own.size()), MPI_UINT64_T,
@@ -335,6 +385,7 @@ private:
                                        comm),
                          rank, "mpi_communicator");
         std::vector<int> node_of(static_cast<std::size_t>(size));
+        std::vector<int> same_machine;
         for (int r = 0; r < size; ++r) {
             const int* theirs = all.data() + fields * static_cast<std::size_t>(r);
             const auto differs = [&](const std::string& option, const std::string& here,
@@ -372,11 +423,20 @@ private:
                         rules_of(theirs));
             }
             node_of[static_cast<std::size_t>(r)] = theirs[0];
+            if (theirs[6] == mine[6] && theirs[7] == mine[7]) {
+                same_machine.push_back(r);
+            }
         }
         nodes = node_layout::of(node_of, rank);
         one_node = nodes.one_node(size);
-        node_cores = cpus_of(masks, nodes.members);
-        oversubscribed = node_cores > 0 && static_cast<int>(nodes.members.size()) > node_cores;
+        node_cores = cpus_of(masks, same_machine);
+        oversubscribed = node_cores > 0 && static_cast<int>(same_machine.size()) > node_cores;
+        // Kept for the process: the ranks a smaller communicator leaves out (a split,
+        // or one made from an MPI communicator of a few ranks) still run.
+        if (oversubscribed) {
+            machine_oversubscribed().store(true, std::memory_order_relaxed);
+        }
+        oversubscribed = machine_oversubscribed().load(std::memory_order_relaxed);
         int world = 0;
         MPI_Comm_size(MPI_COMM_WORLD, &world);
         if (size == world) {
