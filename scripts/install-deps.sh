@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(cmake g++ make git pkg-config clang-format
           clang libclang-rt-14-dev # the ASan+UBSan build of the tests (scripts/test.sh)
+          libc++-dev libc++abi-dev # every header through LLVM's libc++ (tests/CMakeLists.txt)
           openmpi-bin libopenmpi-dev
           mpich libmpich-dev # the MPI backend under MPICH too (Open MPI stays the default)
           libgloo-dev # the Gloo backend (CPU jobs without MPI)

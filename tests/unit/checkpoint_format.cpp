@@ -8,18 +8,24 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cctype>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <fcntl.h>
 #include <filesystem>
 #include <future>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -1130,4 +1136,105 @@ TEST_CASE("checkpoint format: parse survives 20000 random mutations") {
     CHECK(accepted > 0);
     CHECK(checksum_rejections > 1000);
     CHECK(other_rejections > 5000);
+}
+
+TEST_CASE("checkpoint format: doubles read without std::from_chars read as with it") {
+    // checkpoint_parse_double_portable is what libc++ before 20 (no from_chars for
+    // double) runs; here it is checked against this library's from_chars, or, where
+    // that is missing too, against strtod in the C locale.
+    const auto reference = [](std::string_view s) -> std::optional<double> {
+#if defined(__cpp_lib_to_chars) && __cpp_lib_to_chars >= 201611L
+        double v = 0;
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (s.empty() || ec != std::errc{} || end != s.data() + s.size()) {
+            return std::nullopt;
+        }
+        return v;
+#else
+        const std::string text(s);
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || errno == ERANGE || end != text.c_str() + text.size() ||
+            text.front() == '+' || std::isspace(static_cast<unsigned char>(text.front())) ||
+            text.find_first_of("xX") != std::string::npos) {
+            return std::nullopt;
+        }
+        return v;
+#endif
+    };
+    const auto same = [&](std::string_view s) {
+        CAPTURE(s);
+        const std::optional<double> mine = unison::detail::checkpoint_parse_double_portable(s);
+        const std::optional<double> theirs = reference(s);
+        REQUIRE(mine.has_value() == theirs.has_value());
+        if (mine) {
+            CHECK(std::signbit(*mine) == std::signbit(*theirs));
+            if (std::isnan(*theirs)) {
+                CHECK(std::isnan(*mine));
+            } else {
+                CHECK(std::bit_cast<std::uint64_t>(*mine) == std::bit_cast<std::uint64_t>(*theirs));
+            }
+        }
+    };
+    for (const char* s : {"0",
+                          "-0",
+                          "1",
+                          "65536",
+                          "0.5",
+                          ".5",
+                          "-.5e-3",
+                          "5.",
+                          "1e5",
+                          "1E5",
+                          "1e+05",
+                          "1e-5",
+                          "00012.50",
+                          "3.14159265358979311600",
+                          "2.2250738585072014e-308",
+                          "1.7976931348623157e308",
+                          "inf",
+                          "-inf",
+                          "INF",
+                          "Infinity",
+                          "-infinity",
+                          "nan",
+                          "-nan",
+                          "NaN",
+                          "",
+                          "-",
+                          ".",
+                          "-.",
+                          "e5",
+                          "1e",
+                          "1e+",
+                          "1e-",
+                          "+1",
+                          " 1",
+                          "1 ",
+                          "1,5",
+                          "1.2.3",
+                          "0x10",
+                          "1e400",
+                          "-1e400",
+                          "infinit",
+                          "nana",
+                          "1f",
+                          "--1",
+                          "1e5.5"}) {
+        same(s);
+    }
+    // Random finite doubles as the writer writes them (%.17g), and shorter.
+    std::mt19937_64 rng(20261207);
+    for (int i = 0; i < 20000; ++i) {
+        double v = 0;
+        do {
+            v = std::bit_cast<double>(rng());
+        } while (!std::isfinite(v) || std::fpclassify(v) == FP_SUBNORMAL);
+        same(unison::detail::checkpoint_format_double(v));
+        std::array<char, 64> text{};
+        const int digits = 1 + static_cast<int>(rng() % 17);
+        std::snprintf(text.data(), text.size(), "%.*g", digits, v);
+        same(text.data());
+    }
 }

@@ -12,11 +12,14 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <locale>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -61,14 +64,88 @@ std::optional<T> checkpoint_parse_unsigned(std::string_view s) noexcept {
     return v;
 }
 
-/// Reads a double the way std::from_chars does, the whole of `s` and nothing else.
+/// checkpoint_parse_double without std::from_chars for double, which libc++ before
+/// 20 lacks: the same grammar checked by hand (an optional '-', then digits with at
+/// most one '.' and at least one digit, then an optional exponent; or inf, infinity
+/// or nan in any case, though not nan(...)), the number read by a stream in the
+/// classic locale, which rounds correctly as from_chars does. Out of range is no
+/// number, as there.
+inline std::optional<double> checkpoint_parse_double_portable(std::string_view s) noexcept {
+    std::string_view body = s;
+    const bool negative = !body.empty() && body.front() == '-';
+    if (negative) {
+        body.remove_prefix(1);
+    }
+    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
+    const auto named = [&](std::string_view word) {
+        return body.size() == word.size() &&
+               std::equal(body.begin(), body.end(), word.begin(),
+                          [&](char a, char b) { return lower(a) == b; });
+    };
+    if (named("inf") || named("infinity")) {
+        const double inf = std::numeric_limits<double>::infinity();
+        return negative ? -inf : inf;
+    }
+    if (named("nan")) {
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        return negative ? -nan : nan;
+    }
+    std::size_t i = 0, digits = 0;
+    const auto run = [&] {
+        std::size_t n = 0;
+        while (i < body.size() && body[i] >= '0' && body[i] <= '9') {
+            ++i;
+            ++n;
+        }
+        return n;
+    };
+    digits += run();
+    if (i < body.size() && body[i] == '.') {
+        ++i;
+        digits += run();
+    }
+    if (digits == 0) {
+        return std::nullopt;
+    }
+    if (i < body.size() && (body[i] == 'e' || body[i] == 'E')) {
+        ++i;
+        if (i < body.size() && (body[i] == '+' || body[i] == '-')) {
+            ++i;
+        }
+        if (run() == 0) {
+            return std::nullopt;
+        }
+    }
+    if (i != body.size()) {
+        return std::nullopt;
+    }
+    try {
+        std::istringstream in{std::string(s)};
+        in.imbue(std::locale::classic());
+        double v = 0;
+        in >> v;
+        if (in.fail() || !std::isfinite(v)) {
+            return std::nullopt;
+        }
+        return v;
+    } catch (...) { // std::bad_alloc
+        return std::nullopt;
+    }
+}
+
+/// Reads a double the way std::from_chars does, the whole of `s` and nothing else
+/// (checkpoint_parse_double_portable where the library has no such from_chars).
 inline std::optional<double> checkpoint_parse_double(std::string_view s) noexcept {
+#if defined(__cpp_lib_to_chars) && __cpp_lib_to_chars >= 201611L
     double v = 0;
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
     if (s.empty() || ec != std::errc{} || end != s.data() + s.size()) {
         return std::nullopt;
     }
     return v;
+#else
+    return checkpoint_parse_double_portable(s);
+#endif
 }
 
 /// Splits `line` at single spaces into exactly out.size() non-empty fields. With
