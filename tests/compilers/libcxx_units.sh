@@ -8,7 +8,7 @@
 set -euo pipefail
 cxx=$1 version=$2 out=$3
 tests=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-flags=(-std=c++20 -stdlib=libc++ -O1 -Wall -Wextra -Werror -I "$tests/../include" -I "$tests"
+flags=(-std=c++20 -stdlib=libc++ -O1 -Wall -Wextra -I "$tests/../include" -I "$tests"
        -I "$tests/../examples/common" "-DUNISON_TEST_DATA_DIR=\"$tests/data\""
        "-DUNISON_TEST_PROJECT_VERSION=\"$version\"")
 mkdir -p "$out"

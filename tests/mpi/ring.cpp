@@ -36,8 +36,8 @@ float value(int rank, std::size_t i, std::uint64_t seed) {
 template <class Call>
 void give_up(Call& call, const char* what) {
     if (!call.cancel(std::chrono::milliseconds(100))) {
-        std::fprintf(stderr, "%s timed out and MPI kept one of its receives: aborting\n", what);
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        unison::mpi_environment::abort_job(std::string(what) +
+                                           " timed out and MPI kept one of its receives: aborting");
     }
 }
 

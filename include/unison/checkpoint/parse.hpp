@@ -64,12 +64,16 @@ std::optional<T> checkpoint_parse_unsigned(std::string_view s) noexcept {
     return v;
 }
 
-/// checkpoint_parse_double without std::from_chars for double, which libc++ before
-/// 20 lacks: the same grammar checked by hand (an optional '-', then digits with at
-/// most one '.' and at least one digit, then an optional exponent; or inf, infinity
-/// or nan in any case, though not nan(...)), the number read by a stream in the
-/// classic locale, which rounds correctly as from_chars does. Out of range is no
-/// number, as there.
+/// checkpoint_parse_double without std::from_chars for double, which libc++ (to 19
+/// at least) lacks: the same grammar checked by hand (an optional '-', then digits
+/// with at most one '.' and at least one digit, then an optional exponent; or inf,
+/// infinity or nan in any case, though not nan(...)), the number read by a stream
+/// in the classic locale, which rounds correctly as from_chars does, and the same
+/// ranges: a value that rounds to zero from digits that are not all zeros, or past
+/// the largest double, is out of range (no number); subnormals are numbers. The
+/// streams differ there (libc++'s fails on any ERANGE and keeps the value;
+/// libstdc++'s fails on overflow only, holding the largest double), so the value
+/// decides, not the stream's state.
 inline std::optional<double> checkpoint_parse_double_portable(std::string_view s) noexcept {
     std::string_view body = s;
     const bool negative = !body.empty() && body.front() == '-';
@@ -91,18 +95,20 @@ inline std::optional<double> checkpoint_parse_double_portable(std::string_view s
         return negative ? -nan : nan;
     }
     std::size_t i = 0, digits = 0;
-    const auto run = [&] {
+    bool nonzero = false;
+    const auto run = [&](bool mantissa) {
         std::size_t n = 0;
         while (i < body.size() && body[i] >= '0' && body[i] <= '9') {
+            nonzero = nonzero || (mantissa && body[i] != '0');
             ++i;
             ++n;
         }
         return n;
     };
-    digits += run();
+    digits += run(true);
     if (i < body.size() && body[i] == '.') {
         ++i;
-        digits += run();
+        digits += run(true);
     }
     if (digits == 0) {
         return std::nullopt;
@@ -112,19 +118,25 @@ inline std::optional<double> checkpoint_parse_double_portable(std::string_view s
         if (i < body.size() && (body[i] == '+' || body[i] == '-')) {
             ++i;
         }
-        if (run() == 0) {
+        if (run(false) == 0) {
             return std::nullopt;
         }
     }
     if (i != body.size()) {
         return std::nullopt;
     }
+    if (!nonzero) {
+        return negative ? -0.0 : 0.0;
+    }
     try {
         std::istringstream in{std::string(s)};
         in.imbue(std::locale::classic());
         double v = 0;
         in >> v;
-        if (in.fail() || !std::isfinite(v)) {
+        if (v == 0 || !std::isfinite(v)) { // rounded to zero; past the largest (libc++)
+            return std::nullopt;
+        }
+        if (in.fail() && std::fpclassify(v) != FP_SUBNORMAL) { // past the largest (libstdc++)
             return std::nullopt;
         }
         return v;

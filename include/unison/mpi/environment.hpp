@@ -104,13 +104,22 @@ public:
     /// exit status. The wait is there because the message is the only account of why
     /// the job ended and it is in a pipe to the launcher: MPICH's Hydra can act on the
     /// abort before it has forwarded that pipe, and then drops it (about one run in
-    /// ten of a 2-rank job that fails at once, on a 2-core machine). Needs MPI
-    /// initialized; does not return.
-    [[noreturn]] static void abort_job(std::string_view message, int exit_code = 1) {
-        std::fprintf(stderr, "%.*s\n", static_cast<int>(message.size()), message.data());
+    /// ten of a 2-rank job that fails at once, on a 2-core machine). Call it from the
+    /// thread that initialized MPI (MPI_THREAD_FUNNELED). Where MPI is not initialized,
+    /// or already finalized (an mpi_environment whose constructor threw finalizes
+    /// it), there is no job to abort: it writes the message and exits with
+    /// `exit_code` at once. Does not return.
+    [[noreturn]] static void abort_job(std::string_view message, int exit_code = 1) noexcept {
+        std::fwrite(message.data(), 1, message.size(), stderr);
+        std::fputc('\n', stderr);
         std::fflush(stderr);
-        std::this_thread::sleep_for(abort_output_grace);
-        MPI_Abort(MPI_COMM_WORLD, exit_code);
+        int initialized = 0, finalized = 0;
+        MPI_Initialized(&initialized);
+        MPI_Finalized(&finalized);
+        if (initialized != 0 && finalized == 0) {
+            std::this_thread::sleep_for(abort_output_grace);
+            MPI_Abort(MPI_COMM_WORLD, exit_code);
+        }
         std::_Exit(exit_code); // MPI_Abort does not return; if it did, leave anyway
     }
 
