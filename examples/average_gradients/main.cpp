@@ -105,8 +105,14 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "average_gradients: %s\n", e.what());
                 return 2;
             }
-            unison::mpi_communicator comm(MPI_COMM_WORLD);
-            return train_step(comm);
+            try {
+                unison::mpi_communicator comm(MPI_COMM_WORLD);
+                return train_step(comm);
+            } catch (const std::exception& e) {
+                // The other ranks may be waiting in a collective this rank will never
+                // join: end the job, rather than wait for them in MPI_Finalize.
+                unison::mpi_environment::abort_job(std::string("average_gradients: ") + e.what());
+            }
         }
 #endif
         if (launch.size > 1) {

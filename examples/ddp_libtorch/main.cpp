@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -286,6 +287,12 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "ddp_libtorch: %s\n", e.what());
         return 2;
     }
-    unison::mpi_communicator comm(MPI_COMM_WORLD);
-    return train(comm, s);
+    try {
+        unison::mpi_communicator comm(MPI_COMM_WORLD);
+        return train(comm, s);
+    } catch (const std::exception& e) { // unison::error, LibTorch's c10::Error, ...
+        // The other ranks may be waiting in a collective this rank will never join:
+        // end the job, rather than wait for them in MPI_Finalize.
+        unison::mpi_environment::abort_job(std::string("ddp_libtorch: ") + e.what());
+    }
 }

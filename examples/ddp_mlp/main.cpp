@@ -176,8 +176,14 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "ddp_mlp: %s\n", e.what());
                 return 2;
             }
-            unison::mpi_communicator comm(MPI_COMM_WORLD);
-            return train(comm, s);
+            try {
+                unison::mpi_communicator comm(MPI_COMM_WORLD);
+                return train(comm, s);
+            } catch (const std::exception& e) {
+                // The other ranks may be waiting in a collective this rank will never
+                // join: end the job, rather than wait for them in MPI_Finalize.
+                unison::mpi_environment::abort_job(std::string("ddp_mlp: ") + e.what());
+            }
         }
 #endif
         if (backend != "threads") {

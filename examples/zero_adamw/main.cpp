@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <span>
 #include <string>
@@ -198,8 +199,14 @@ int main(int argc, char** argv) {
 #if UNISON_HAS_MPI()
         if (backend == "mpi") { // started by mpirun or srun
             unison::mpi_environment env(argc, argv);
-            unison::mpi_communicator comm(MPI_COMM_WORLD);
-            return train(comm, s);
+            try {
+                unison::mpi_communicator comm(MPI_COMM_WORLD);
+                return train(comm, s);
+            } catch (const std::exception& e) {
+                // The other ranks may be waiting in a collective this rank will never
+                // join: end the job, rather than wait for them in MPI_Finalize.
+                unison::mpi_environment::abort_job(std::string("zero_adamw: ") + e.what());
+            }
         }
 #endif
         if (backend != "threads") {

@@ -10,9 +10,11 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -110,8 +112,17 @@ public:
     /// it), there is no job to abort: it writes the message and exits with
     /// `exit_code` at once. Does not return.
     [[noreturn]] static void abort_job(std::string_view message, int exit_code = 1) noexcept {
-        std::fwrite(message.data(), 1, message.size(), stderr);
-        std::fputc('\n', stderr);
+        // One write with its newline where it fits, so that the lines of ranks that
+        // fail together do not interleave.
+        std::array<char, 4096> line;
+        if (message.size() < line.size()) {
+            std::memcpy(line.data(), message.data(), message.size());
+            line[message.size()] = '\n';
+            std::fwrite(line.data(), 1, message.size() + 1, stderr);
+        } else {
+            std::fwrite(message.data(), 1, message.size(), stderr);
+            std::fputc('\n', stderr);
+        }
         std::fflush(stderr);
         int initialized = 0, finalized = 0;
         MPI_Initialized(&initialized);
