@@ -52,7 +52,8 @@ cmake -S . -B build/mpich -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="
     -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich \
     -DUNISON_ENABLE_CUDA=OFF -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON >/dev/null
 cmake --build build/mpich -j "$jobs" \
-    --target unison-mpi-tests unison-mpi-dead-peer unison-mpi-failed-call ddp_mlp zero_adamw unison-bench
+    --target unison-mpi-tests unison-mpi-dead-peer unison-mpi-failed-call unison-mpi-unwinding \
+    ddp_mlp zero_adamw unison-bench
 ctest --test-dir build/mpich --output-on-failure --timeout 900 \
     -R '^(mpi_np|fault_mpi_|example_(ddp_mlp|zero_adamw)_mpi$|example_ddp_mlp_torchrun|bench_.*_mpi)'
 

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -92,7 +93,7 @@ public:
         if (!owner_ || finalized) {
             return;
         }
-        if (!everyone_arrives()) {
+        if (!everyone_arrives(std::uncaught_exceptions() > uncaught_)) {
             end_after_timeout();
         }
         MPI_Comm_free(&exit_comm_);
@@ -140,29 +141,36 @@ public:
 private:
     /// Collective: whether every process reached its exit barrier; bounded by the
     /// longest timeout of this process's abandoned calls, unbounded without any.
-    bool everyone_arrives() {
+    /// `unwinding`: an exception is leaving mpi_environment's scope, perhaps on this
+    /// process alone, while the others wait for it in a collective until their
+    /// timeout (5 minutes by default); if they have not all arrived within
+    /// `unwinding_note_after`, it says so, since the exception's own message comes
+    /// only once this wait is over.
+    bool everyone_arrives(bool unwinding) {
         MPI_Request request = MPI_REQUEST_NULL;
         if (MPI_Ibarrier(exit_comm_, &request) != MPI_SUCCESS) {
             return true; // let MPI_Finalize report what is wrong
         }
         const auto abandoned = detail::abandoned_calls::instance().first();
         if (!abandoned) {
+            if (unwinding && !arrives_within(request, unwinding_note_after)) {
+                int rank = -1;
+                MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+                std::fprintf(stderr,
+                             "unison: rank %d: mpi_environment: an exception is leaving its "
+                             "scope, and not every process has reached the end of the job; "
+                             "MPI_Finalize waits for them all, so this process waits too (one "
+                             "that waits for it in a collective gives up at its timeout). To "
+                             "end the job at once, catch the exception within that scope and "
+                             "call mpi_environment::abort_job\n",
+                             rank);
+                std::fflush(stderr);
+            }
             MPI_Wait(&request, MPI_STATUS_IGNORE);
             return true;
         }
-        const auto deadline = std::chrono::steady_clock::now() +
-                              detail::abandoned_calls::instance().longest_timeout();
-        for (;;) {
-            int done = 0;
-            MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-            if (done != 0) {
-                return true;
-            }
-            if (std::chrono::steady_clock::now() >= deadline) {
-                return false; // the request is abandoned with the job
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
+        // false: the request is abandoned with the job
+        return arrives_within(request, detail::abandoned_calls::instance().longest_timeout());
     }
 
     [[noreturn]] static void end_after_timeout() {
@@ -182,7 +190,28 @@ private:
                   abort_exit_code);
     }
 
+    /// Whether `request` completes within `limit` (polled every millisecond).
+    static bool arrives_within(MPI_Request& request, std::chrono::milliseconds limit) {
+        const auto deadline = std::chrono::steady_clock::now() + limit;
+        for (;;) {
+            int done = 0;
+            MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+            if (done != 0) {
+                return true;
+            }
+            if (std::chrono::steady_clock::now() >= deadline) {
+                return false;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    }
+
+    /// How long a process that an exception is leaving waits for the others at the
+    /// end of the job before it says why it waits (everyone_arrives).
+    static constexpr std::chrono::milliseconds unwinding_note_after{1000};
+
     bool owner_ = false;
+    int uncaught_ = std::uncaught_exceptions(); ///< at construction
     MPI_Comm exit_comm_ = MPI_COMM_NULL;
 };
 
