@@ -1049,6 +1049,27 @@ TEST_CASE("mpi communicator: a machine's cores are the union of its ranks' affin
     CHECK(single.node_cores() == CPU_COUNT(&own));
     CHECK(single.oversubscribed() == over);
 
+    // Whether the MPI yields by itself: Open MPI's mpi_yield_when_idle, read here
+    // as an int through MPI_T (it sets it when it knows the node is
+    // oversubscribed); never under another MPI.
+    bool mpi_yields = false;
+#if defined(OPEN_MPI)
+    int provided = 0;
+    REQUIRE(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) == MPI_SUCCESS);
+    int index = -1;
+    REQUIRE(MPI_T_cvar_get_index("mpi_yield_when_idle", &index) == MPI_SUCCESS);
+    MPI_T_cvar_handle handle = MPI_T_CVAR_HANDLE_NULL;
+    int count = 0;
+    REQUIRE(MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS);
+    std::int64_t value = 0;
+    REQUIRE(MPI_T_cvar_read(handle, &value) == MPI_SUCCESS);
+    mpi_yields = value != 0;
+    MPI_T_cvar_handle_free(&handle);
+    MPI_T_finalize();
+#endif
+    CAPTURE(mpi_yields);
+    CHECK(unison::detail::mpi_yields_when_idle() == mpi_yields);
+
     // The union itself, on made-up masks of 3 ranks whatever the launcher did: rank
     // 0 on CPU 0, rank 1 on CPU 1, rank 2 on CPUs 1 and 130.
     using unison::detail::cpu_words;

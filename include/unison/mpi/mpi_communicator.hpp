@@ -186,7 +186,10 @@ private:
                    std::to_string(size()) + ", " + std::to_string(node_ranks()) +
                    " ranks per node" + (one_node() ? " (one node)" : "") + ", " +
                    std::to_string(node_cores()) + " cores for this machine's ranks" +
-                   (oversubscribed() ? " (oversubscribed: waits yield the core)" : "") +
+                   (oversubscribed() ? state_->yield_each_poll
+                                           ? " (oversubscribed: waits yield the core)"
+                                           : " (oversubscribed: the MPI yields the core)"
+                                     : "") +
                    ", all-reduce algorithm " + std::string(to_string(mpi_forced_algorithm(o))) +
                    ", timeout " + std::to_string(o.timeout.count()) + " ms" +
                    (o.check_matching ? ", full call matching" : "") +
