@@ -17,15 +17,15 @@ namespace unison::bench {
 
 /// Runs `fn()` between MPI_Init and MPI_Finalize and returns its exit status. An
 /// error on one rank ends the job with "`program`: what" (mpi_environment::abort_job,
-/// which gives the launcher time to forward it), since the other ranks would wait
-/// for that rank forever.
+/// which gives the launcher time to forward it; exit status 75 for a timeout), since
+/// the other ranks would wait for that rank forever.
 template <class Fn>
 int run_mpi_job(const char* program, int& argc, char**& argv, Fn&& fn) {
     mpi_environment env(argc, argv);
     try {
         return fn();
     } catch (const std::exception& e) {
-        mpi_environment::abort_job(std::string(program) + ": " + e.what());
+        mpi_environment::abort_job(program, e);
     }
 }
 

@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
             } catch (const std::exception& e) {
                 // The other ranks may be waiting in a collective this rank will never
                 // join: end the job, rather than wait for them in MPI_Finalize.
-                unison::mpi_environment::abort_job(std::string("average_gradients: ") + e.what());
+                unison::mpi_environment::abort_job("average_gradients", e);
             }
         }
 #endif

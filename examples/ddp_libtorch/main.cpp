@@ -293,6 +293,6 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) { // unison::error, LibTorch's c10::Error, ...
         // The other ranks may be waiting in a collective this rank will never join:
         // end the job, rather than wait for them in MPI_Finalize.
-        unison::mpi_environment::abort_job(std::string("ddp_libtorch: ") + e.what());
+        unison::mpi_environment::abort_job("ddp_libtorch", e);
     }
 }

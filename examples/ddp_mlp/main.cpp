@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
             } catch (const std::exception& e) {
                 // The other ranks may be waiting in a collective this rank will never
                 // join: end the job, rather than wait for them in MPI_Finalize.
-                unison::mpi_environment::abort_job(std::string("ddp_mlp: ") + e.what());
+                unison::mpi_environment::abort_job("ddp_mlp", e);
             }
         }
 #endif

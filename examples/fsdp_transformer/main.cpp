@@ -564,6 +564,6 @@ int main(int argc, char** argv) {
         return train(comm, s);
     } catch (const std::exception& e) { // unison::error, LibTorch's c10::Error, ...
         // The other ranks may be waiting in a collective this rank will never join.
-        unison::mpi_environment::abort_job(std::string("fsdp_transformer: ") + e.what());
+        unison::mpi_environment::abort_job("fsdp_transformer", e);
     }
 }

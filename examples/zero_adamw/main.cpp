@@ -198,14 +198,20 @@ int main(int argc, char** argv) {
 #endif
 #if UNISON_HAS_MPI()
         if (backend == "mpi") { // started by mpirun or srun
-            unison::mpi_environment env(argc, argv);
+            std::optional<unison::mpi_environment> env;
+            try {
+                env.emplace(argc, argv); // checks that the launcher and MPI agree on the job
+            } catch (const unison::error& e) {
+                std::fprintf(stderr, "zero_adamw: %s\n", e.what());
+                return 2;
+            }
             try {
                 unison::mpi_communicator comm(MPI_COMM_WORLD);
                 return train(comm, s);
             } catch (const std::exception& e) {
                 // The other ranks may be waiting in a collective this rank will never
                 // join: end the job, rather than wait for them in MPI_Finalize.
-                unison::mpi_environment::abort_job(std::string("zero_adamw: ") + e.what());
+                unison::mpi_environment::abort_job("zero_adamw", e);
             }
         }
 #endif

@@ -3,9 +3,11 @@
 // for every process, so rank 0 waits at the end of the job until the others give
 // up at their timeout (3 s); after a second it says why it waits, since the
 // exception's own message comes only after. Then every process reaches the end,
-// the job ends normally, and rank 0 exits with 1. Run by CTest under mpiexec with
-// a wrapper (tests/faults/expect_exit.sh) that checks the exit code, the messages
-// and the time taken.
+// the job ends normally, and rank 0 exits with 1. With --abort, rank 0 sleeps
+// instead, and the others end the job as the examples do when their call times
+// out: mpi_environment::abort_job(program, e), exit status 75. Run by CTest under
+// mpiexec with a wrapper (tests/faults/expect_exit.sh) that checks the exit code,
+// the messages and the time taken.
 
 #include <unison/mpi.hpp>
 
@@ -15,11 +17,14 @@
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 int main(int argc, char** argv) {
     using namespace std::chrono_literals;
     int rank = -1;
+    const bool abort = argc > 1 && std::string_view(argv[1]) == "--abort";
     try {
         unison::mpi_environment env(argc, argv);
         unison::comm_options options;
@@ -28,6 +33,10 @@ int main(int argc, char** argv) {
         rank = comm.rank();
         std::vector<float> data(1024, 1.0f + static_cast<float>(rank));
         unison::all_reduce(comm, data); // everyone is here
+        if (rank == 0 && abort) {
+            std::this_thread::sleep_for(30s); // the others' abort ends this process
+            return 3;
+        }
         if (rank == 0) {
             throw std::runtime_error("rank 0 fails alone");
         }
@@ -36,6 +45,9 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "mpi_unwinding: rank %d: the all_reduce completed\n", rank);
             return 2;
         } catch (const unison::timeout_error& e) {
+            if (abort) {
+                unison::mpi_environment::abort_job("mpi_unwinding", e);
+            }
             std::fprintf(stderr, "mpi_unwinding: rank %d caught: %s\n", rank, e.what());
         }
         return 0;

@@ -115,7 +115,7 @@ public:
     [[noreturn]] static void abort_job(std::string_view message, int exit_code = 1) noexcept {
         // One write with its newline where it fits, so that the lines of ranks that
         // fail together do not interleave.
-        std::array<char, 4096> line;
+        std::array<char, 16384> line;
         if (message.size() < line.size()) {
             std::memcpy(line.data(), message.data(), message.size());
             line[message.size()] = '\n';
@@ -133,6 +133,14 @@ public:
             MPI_Abort(MPI_COMM_WORLD, exit_code);
         }
         std::_Exit(exit_code); // MPI_Abort does not return; if it did, leave anyway
+    }
+
+    /// abort_job for an exception caught where the job cannot go on: "`program`:
+    /// what()", with abort_exit_code (75, try again) for a timeout_error, which says
+    /// that a peer stopped answering, and 1 for anything else.
+    [[noreturn]] static void abort_job(std::string_view program, const std::exception& e) {
+        const bool timed_out = dynamic_cast<const timeout_error*>(&e) != nullptr;
+        abort_job(std::string(program) + ": " + e.what(), timed_out ? abort_exit_code : 1);
     }
 
     /// How long abort_job waits between writing why and calling MPI_Abort.
